@@ -1,0 +1,20 @@
+"""tvm_ascendfuse: CANN-style operator fusion for TVM Relax, targeting an Ascend-like NPU.
+
+Architecture: target -> patterns -> passes (graph fusion, grouping) -> cost model -> schedules
+-> pipeline -> cli/report.
+"""
+
+from .errors import AscendFuseError, ModelError, SwitchError, TargetError, UBCapacityError, UnsupportedOpError
+from .target import PRESETS, AscendTarget, get_target, load_target_file, make_target
+from .switches import FusionSwitches, known_switches
+from .report import FusionReport
+from . import graph_fusion, patterns, grouping
+from .pipeline import AscendFusePipeline, ascendfuse_pipeline
+from .api import compile_model
+
+__all__ = [
+    "AscendFuseError", "ModelError", "SwitchError", "TargetError", "UBCapacityError", "UnsupportedOpError",
+    "PRESETS", "AscendTarget", "get_target", "load_target_file", "make_target",
+    "FusionSwitches", "known_switches", "FusionReport",
+    "AscendFusePipeline", "ascendfuse_pipeline", "compile_model",
+]

@@ -1,0 +1,5 @@
+"""Analyses of compiled modules: kernels launched, traffic, on-chip buffer use."""
+
+from .kernels import groups_before_fuse_tir, kernel_table, launch_count, launched_kernels, relax_op_count
+
+__all__ = ["groups_before_fuse_tir", "kernel_table", "launch_count", "launched_kernels", "relax_op_count"]

@@ -1,0 +1,29 @@
+"""One call for the common case: a Relax module in, a VM executable and a fusion report out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+
+from .pipeline import AscendFusePipeline
+from .report import FusionReport
+from .target import AscendTarget, get_target
+
+
+@dataclass
+class CompileResult:
+    executable: "tvm.relax.VMExecutable"
+    report: FusionReport
+    fused_module: tvm.IRModule      # Relax + TIR after UB fusion, before VM lowering
+    target: AscendTarget
+    host_target: "tvm.target.Target"
+
+
+def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", switches=None,
+                  portable: bool = False) -> CompileResult:
+    npu = get_target(target)
+    host = npu.host_target(portable=portable)
+    pipeline = AscendFusePipeline(npu, switches)
+    ex = tvm.compile(mod, target=host, relax_pipeline=pipeline)
+    return CompileResult(ex, pipeline.report, pipeline.snapshots.get("ub_fusion", mod), npu, host)

@@ -1,0 +1,112 @@
+"""The ``ascendfuse`` Relax pipeline: its phases, in order, and nothing else.
+
+    tvm.compile(mod, target=AscendTarget.host_target(), relax_pipeline="ascendfuse")
+
+Every phase reads one AscendTarget and records into one FusionReport.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+from .analysis import groups_before_fuse_tir, kernel_table
+from .graph_fusion import GRAPH_FUSION_PASSES
+from .grouping import PatternFusionPass
+from .passbase import PyPass
+from .report import FusionReport
+from .switches import FusionSwitches, resolve_switches
+from .target import AscendTarget, current_target_from_tvm, get_target
+
+
+def graph_fusion_phase(target, switches, report):
+    """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
+    passes = [relax.transform.DeadCodeElimination()]
+    passes += [cls(target, report, enabled=switches.is_on(cls.switch_name)) for cls in GRAPH_FUSION_PASSES]
+    return passes + [relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()]
+
+
+def ub_fusion_phase(target, switches, report, tvm_target):
+    """Phase 2: pattern groups, legalization, grouping of the rest, one PrimFunc per group."""
+    return [
+        PatternFusionPass(target, report, switches),
+        *cpu.library_dispatch_passes(tvm_target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        RecordKernels(report),
+    ]
+
+
+def lowering_phase(tvm_target):
+    """Phase 5: TVM's own lowering to the VM, as in its default CPU pipeline after FuseTIR."""
+    return [*cpu.dataflow_lower_passes(tvm_target), *cpu.finalize_passes(tvm_target)]
+
+
+class RecordKernels(PyPass):
+    """FuseTIR, noting which source ops and pattern went into each resulting kernel."""
+
+    def __init__(self, report: FusionReport):
+        self.report = report
+
+    def pass_name(self) -> str:
+        return "AscendFuseTIR"
+
+    def transform_module(self, mod):
+        groups = groups_before_fuse_tir(mod)
+        mod = relax.transform.FuseTIR()(mod)
+        mod = relax.transform.DeadCodeElimination()(mod)
+        self.report.set_kernels(kernel_table(mod, groups))
+        return mod
+
+
+class AscendFusePipeline(PyPass):
+    """The whole pipeline as one pass; ``.report`` holds what it did after it ran."""
+
+    def __init__(self, target: AscendTarget | str | None = None, switches=None,
+                 report: FusionReport | None = None):
+        self._target_spec = target
+        self._switch_spec = switches
+        self.report = report if report is not None else FusionReport()
+        self.snapshots: dict[str, tvm.IRModule] = {}   # module after each phase, for reports and debugging
+
+    def pass_name(self) -> str:
+        return "AscendFusePipeline"
+
+    def resolve(self):
+        tvm_target = tvm.target.Target.current(allow_none=True)
+        if self._target_spec is not None:
+            target = get_target(self._target_spec)
+        else:
+            target = current_target_from_tvm() or get_target("ascend910b")
+        if tvm_target is None:
+            tvm_target = target.host_target()
+        switches = resolve_switches(self._switch_spec).with_pass_context()
+        self.report.target_name = target.name
+        return target, switches, tvm_target
+
+    def phases(self, target, switches, tvm_target):
+        r = self.report
+        return [
+            ("graph_fusion", graph_fusion_phase(target, switches, r)),
+            ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target)),
+            ("lowering", lowering_phase(tvm_target)),
+        ]
+
+    def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
+        target, switches, tvm_target = self.resolve()
+        with tvm_target:
+            for name, passes in self.phases(target, switches, tvm_target):
+                mod = tvm.transform.Sequential(passes)(mod)
+                self.snapshots[name] = mod
+        return mod
+
+
+def ascendfuse_pipeline(target=None, switches=None, report=None) -> AscendFusePipeline:
+    return AscendFusePipeline(target, switches, report)
+
+
+if "ascendfuse" not in relax.pipeline.PIPELINE_MAP:
+    relax.register_pipeline("ascendfuse")(ascendfuse_pipeline)
