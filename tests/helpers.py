@@ -22,7 +22,7 @@ def random_inputs(mod: tvm.IRModule, seed: int = 0, func: str = "main") -> list[
     out = []
     for p in mod[func].params:
         shape = [int(d) for d in p.ty.shape]
-        dtype = p.ty.dtype
+        dtype = str(p.ty.dtype)
         if dtype.startswith("int"):
             out.append(rng.integers(-8, 8, shape).astype(dtype))
         else:
@@ -55,7 +55,7 @@ def assert_same_numbers(mod: tvm.IRModule, seed: int = 0, switches=None, target=
     inputs = random_inputs(mod, seed)
     result = compile_ours(mod, target=target, switches=switches)
     ours, ref = run_vm(result.executable, inputs), run_reference(mod, inputs)
-    dtype = mod["main"].params[0].ty.dtype
+    dtype = str(mod["main"].params[0].ty.dtype)
     if isinstance(ref, list):
         for a, b in zip(ours, ref):
             np.testing.assert_allclose(a, b, **tol(dtype))

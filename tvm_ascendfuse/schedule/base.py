@@ -1,0 +1,27 @@
+"""The contract of a schedule rule (dlight style): ``apply`` returns a schedule or None.
+
+Rules are tried in order; the first that returns a schedule wins. A rule sizes its tiles from the
+AscendTarget (usable UB, double buffering, 32 B alignment), stages them in ``local.UB`` (cube operands may
+use ``local.L1``/``local.L0A``/``local.L0B``/``local.L0C``), and vectorises/parallelises for the llvm host.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..target import AscendTarget
+
+UB_SCOPE = "local.UB"
+L1_SCOPE = "local.L1"
+L0A_SCOPE = "local.L0A"
+L0B_SCOPE = "local.L0B"
+L0C_SCOPE = "local.L0C"
+
+
+class ScheduleRule:
+    """Subclass per kind of fused kernel. ``name`` is what the report shows for a kernel."""
+
+    name = "rule"
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
+        raise NotImplementedError
