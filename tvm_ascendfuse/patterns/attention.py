@@ -1,0 +1,79 @@
+"""Scaled dot-product attention as one kernel (TbeAttentionFusionPass).
+
+Matches from the Q·Kᵀ matmul to the P·V matmul: ``matmul(softmax(matmul(Q, Kᵀ) * scale + mask), V)``, with
+the scale and the mask optional and Kᵀ either any tensor or a ``permute_dims`` taken into the group. The
+reshapes/permutes that split heads (BERT, LLaMA exports) stay outside. Without online-softmax rescaling a
+tile needs cube_m complete score rows, so the key length must be static and small enough for UB.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.dpl import is_op, wildcard
+
+from ..switches import UB_FUSION, register_switch
+from .checks import (dims, float_dtypes, known_shapes, min_rank, private_intermediates, softmax_axes,
+                     static_axes, tensor_type)
+from .registry import PatternSpec, declare
+from .softmax import masked, scaled
+from .working_set import Budget, add_cube_blocks, add_epilogue, clamp
+
+SWITCH = register_switch(
+    "TbeAttentionFusionPass", UB_FUSION,
+    "matmul(Q, K^T) * scale + mask -> softmax -> matmul(., V) as one kernel (score rows stay in UB)")
+
+
+def last_axis_softmax(ctx, target) -> "str | None":
+    sm = ctx.annotated_expr["softmax"]
+    ndim = len(dims(sm.args[0]))
+    if softmax_axes(sm, ndim) != [ndim - 1]:
+        return f"softmax axis {int(sm.attrs.axis)} is not the key axis (last)"
+    return None
+
+
+def attention_working_set(ctx, target) -> int:
+    """For cube_m query rows: one Q·Kᵀ fractal step, the complete float32 score rows, every elementwise
+    value on those rows (scaled, masked, probabilities), one P·V fractal step and one output block."""
+    qk, pv = ctx.annotated_expr["qk"], ctx.annotated_expr["pv"]
+    q_dtype = tensor_type(qk.args[0]).dtype
+    scores = dims(ctx.value_to_bound_var[qk])
+    s_kv = scores[-1]
+    rows = clamp(scores[-2], target.cube_m)
+    budget = Budget(target)
+    add_cube_blocks(budget, q_dtype, tensor_type(qk.args[1]).dtype, target, "qk")
+    budget.add("scores", rows * s_kv, "float32")
+    skip = [ctx.value_to_bound_var[qk], ctx.value_to_bound_var[pv]]
+    kt = ctx.annotated_expr.get("kt")
+    if kt is not None and kt in ctx.value_to_bound_var:
+        skip.append(ctx.value_to_bound_var[kt])
+    add_epilogue(budget, ctx, skip, lambda s: [1] * (len(s) - 2) + [clamp(s[-2], target.cube_m), s[-1]])
+    budget.add("softmax.stats", 2 * rows, "float32")
+    add_cube_blocks(budget, tensor_type(pv.args[0]).dtype, tensor_type(pv.args[1]).dtype, target, "pv")
+    budget.add("out", target.cube_m * target.cube_n, tensor_type(ctx.value_to_bound_var[pv]).dtype)
+    return budget.total()
+
+
+CHECKS = (float_dtypes, known_shapes, min_rank("q", 2, "query"), min_rank("v", 2, "value"), last_axis_softmax,
+          static_axes("softmax", softmax_axes, "attention score"), private_intermediates)
+
+VARIANTS = (
+    ("scale_mask", lambda s: masked(scaled(s)), 200, "softmax(Q·Kᵀ * scale + mask)·V"),
+    ("scale", scaled, 190, "softmax(Q·Kᵀ * scale)·V"),
+    ("mask", masked, 190, "softmax(Q·Kᵀ + mask)·V"),
+    ("plain", lambda s: s, 180, "softmax(Q·Kᵀ)·V (scale folded into Q or K)"),
+)
+
+
+def _declare_all() -> None:
+    for variant, build, priority, description in VARIANTS:
+        q, k, v = wildcard(), wildcard(), wildcard()
+        kt = is_op("relax.permute_dims")(k)
+        qk = is_op("relax.matmul")(q, kt | wildcard())
+        sm = is_op("relax.nn.softmax")(build(qk))
+        pv = is_op("relax.matmul")(sm, v)
+        declare(PatternSpec(name=f"ascendfuse.attention.{variant}", switch=SWITCH, pattern=pv,
+                            annotations={"q": q, "kt": kt, "v": v, "qk": qk, "softmax": sm, "pv": pv},
+                            checks=CHECKS, working_set=attention_working_set, priority=priority,
+                            description=description))
+
+
+_declare_all()

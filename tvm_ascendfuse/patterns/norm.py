@@ -1,0 +1,116 @@
+"""Normalisations fused with their neighbours.
+
+* LayerNorm feeding a linear layer (TbeLayerNormMatmulFusionPass): the normalised rows are the cube's left
+  operand, so they never go back to GM. One tile needs cube_m full rows (a fractal block spans cube_m rows
+  and every k-block needs the row statistics).
+* residual add + LayerNorm / RMSNorm (TbeAddLayerNormFusionPass, TbeAddRmsNormFusionPass): the sum row is
+  normalised while it is in UB. The sum may also be used later (pre-norm transformers add it to the next
+  block's output): the group then returns it as a second output, as CANN's AddLayerNorm does.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.dpl import is_op, wildcard
+
+from ..switches import UB_FUSION, register_switch
+from .activations import activation
+from .checks import (dims, float_dtypes, known_shapes, min_rank, norm_axes, private_except,
+                     private_intermediates, static_axes, tensor_type)
+from .registry import PatternSpec, declare
+from .working_set import Budget, add_cube_blocks, add_epilogue, cube_out_tile, row_tile
+
+LN_MATMUL = register_switch(
+    "TbeLayerNormMatmulFusionPass", UB_FUSION,
+    "layer_norm feeding matmul (+ bias + activation) as one kernel: normalised rows are the cube operand")
+ADD_LN = register_switch(
+    "TbeAddLayerNormFusionPass", UB_FUSION, "residual add + layer_norm as one kernel (sum may be a 2nd output)")
+ADD_RMS = register_switch(
+    "TbeAddRmsNormFusionPass", UB_FUSION, "residual add + rms_norm as one kernel (sum may be a 2nd output)")
+
+
+def _layer_norm(x):
+    return is_op("relax.nn.layer_norm")(x, wildcard(), wildcard())
+
+
+def _rms_norm(x):
+    return is_op("relax.nn.rms_norm")(x, wildcard())
+
+
+# ---- LayerNorm + matmul --------------------------------------------------------------------------------
+def normalises_k_axis(ctx, target) -> "str | None":
+    """Only a LayerNorm over the last axis alone produces whole rows of the matmul's left operand."""
+    ln = ctx.annotated_expr["norm"]
+    ndim = len(dims(ln.args[0]))
+    if norm_axes(ln, ndim) != [ndim - 1]:
+        return f"layer_norm axes {[int(a) for a in ln.attrs.axes]} are not just the last axis"
+    return None
+
+
+def layer_norm_matmul_working_set(ctx, target) -> int:
+    """cube_m full rows of the input and of the normalised operand, gamma/beta rows, then one cube step and
+    the epilogue on one output block."""
+    ln, mm = ctx.annotated_expr["norm"], ctx.annotated_expr["matmul"]
+    x = ln.args[0]
+    k = dims(x)[-1]
+    dtype = tensor_type(x).dtype
+    budget = Budget(target)
+    budget.add("ln.in", target.cube_m * k, dtype)
+    budget.add("ln.out", target.cube_m * k, tensor_type(ctx.value_to_bound_var[ln]).dtype)
+    budget.add("ln.gamma", k, tensor_type(ln.args[1]).dtype)
+    budget.add("ln.beta", k, tensor_type(ln.args[2]).dtype)
+    budget.add("ln.stats", 2 * target.cube_m, "float32")
+    add_cube_blocks(budget, dtype, tensor_type(mm.args[1]).dtype, target, "matmul")
+    mm_var = ctx.value_to_bound_var[mm]
+    budget.add("matmul.out", target.cube_m * target.cube_n, tensor_type(mm_var).dtype)
+    add_epilogue(budget, ctx, [mm_var, ctx.value_to_bound_var[ln]], lambda s: cube_out_tile(s, target))
+    return budget.total()
+
+
+LN_MATMUL_CHECKS = (float_dtypes, known_shapes, static_axes("norm", norm_axes, "layer_norm"), normalises_k_axis,
+                    min_rank("rhs", 2, "matmul right operand"), private_intermediates)
+
+LN_MATMUL_VARIANTS = (
+    ("layer_norm_matmul_bias_act", lambda m: activation(is_op("relax.add")(m, wildcard())), 160,
+     "layer_norm -> matmul + bias + activation"),
+    ("layer_norm_matmul_bias", lambda m: is_op("relax.add")(m, wildcard()), 150, "layer_norm -> matmul + bias"),
+    ("layer_norm_matmul", lambda m: m, 130, "layer_norm -> matmul"),
+)
+
+
+# ---- add + norm ----------------------------------------------------------------------------------------
+def add_norm_working_set(ctx, target) -> int:
+    """One full row of each addend, of the sum, of gamma (and beta), of the output, plus the row statistics."""
+    norm = ctx.annotated_expr["norm"]
+    shape = dims(norm.args[0])
+    axes = norm_axes(norm, len(shape))
+    budget = Budget(target)
+    add_epilogue(budget, ctx, (), lambda s: row_tile(s, axes))
+    budget.add("norm.stats", 2, "float32")
+    return budget.total()
+
+
+def _add_norm_checks(what):
+    return (float_dtypes, known_shapes, static_axes("norm", norm_axes, what), private_except("add"))
+
+
+def _declare_all() -> None:
+    for variant, build, priority, description in LN_MATMUL_VARIANTS:
+        x = wildcard()
+        ln = _layer_norm(x)
+        rhs = wildcard()
+        mm = is_op("relax.matmul")(ln, rhs)
+        declare(PatternSpec(name=f"ascendfuse.norm.{variant}", switch=LN_MATMUL, pattern=build(mm),
+                            annotations={"norm": ln, "matmul": mm, "rhs": rhs}, checks=LN_MATMUL_CHECKS,
+                            working_set=layer_norm_matmul_working_set, priority=priority,
+                            description=description))
+    for name, switch, norm_of, what in (("add_layer_norm", ADD_LN, _layer_norm, "layer_norm"),
+                                        ("add_rms_norm", ADD_RMS, _rms_norm, "rms_norm")):
+        add = is_op("relax.add")(wildcard(), wildcard())
+        norm = norm_of(add)
+        declare(PatternSpec(name=f"ascendfuse.norm.{name}", switch=switch, pattern=norm,
+                            annotations={"norm": norm, "add": add}, checks=_add_norm_checks(what),
+                            working_set=add_norm_working_set, priority=90,
+                            description=f"residual add + {what}"))
+
+
+_declare_all()
