@@ -1,8 +1,45 @@
 """Graph fusion: math-equivalent rewrites on high-level Relax ops, one switchable pass a file.
 
-``GRAPH_FUSION_PASSES`` lists them in the order the pipeline runs them.
+``GRAPH_FUSION_PASSES`` lists them in the order the pipeline runs them, and the order matters:
+
+1. ``FocusConvFusionPass`` first: it replaces the Focus conv by a new stride-2 conv, so any BatchNorm
+   after it is later folded into *that* conv (folding first would leave it on the conv about to vanish,
+   which still works but is the longer way round).
+2. ``ConvBiasAddFusionPass`` / ``MatMulBiasAddFusionPass``: turn bias reshapes, swapped operands, chains of
+   constant adds and ``permute_dims`` of constant weights (ONNX Gemm) into ``op(x, W_const) + b_const``, so
+   that BN folding sees a constant weight and one constant bias.
+3. ``ConvBatchnormFusionPass``: fold inference BN into those weights/biases.
+4. The recognitions, ``LayerNormFusionPass`` before ``RMSNormFusionPass`` (the inner part of a decomposed
+   LayerNorm, ``d / sqrt(mean(d^2) + eps) * gamma``, is itself an RMSNorm of ``d``), then GELU, Swish,
+   Softmax (disjoint patterns).
+5. ``ConcatSplitFusionPass`` last, so that it moves the already recognised single ops (gelu, silu) over
+   concats instead of their decompositions.
+
+The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
 
-GRAPH_FUSION_PASSES: list = []
+from .concat_split import ConcatSplitFusionPass
+from .conv_batchnorm import ConvBatchnormFusionPass
+from .conv_bias_add import ConvBiasAddFusionPass
+from .focus_conv import FocusConvFusionPass
+from .gelu import GeluFusionPass
+from .layer_norm import LayerNormFusionPass
+from .matmul_bias_add import MatMulBiasAddFusionPass
+from .rms_norm import RMSNormFusionPass
+from .softmax import SoftmaxFusionPass
+from .swish import SwishFusionPass
 
-__all__ = ["GRAPH_FUSION_PASSES"]
+GRAPH_FUSION_PASSES: list = [
+    FocusConvFusionPass,
+    ConvBiasAddFusionPass,
+    MatMulBiasAddFusionPass,
+    ConvBatchnormFusionPass,
+    LayerNormFusionPass,
+    RMSNormFusionPass,
+    GeluFusionPass,
+    SwishFusionPass,
+    SoftmaxFusionPass,
+    ConcatSplitFusionPass,
+]
+
+__all__ = ["GRAPH_FUSION_PASSES"] + [cls.__name__ for cls in GRAPH_FUSION_PASSES]
