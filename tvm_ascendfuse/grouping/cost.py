@@ -1,0 +1,91 @@
+"""The modeled NPU time of a kernel, and of a candidate fused group (modeled, never measured).
+
+    time = max(GM bytes / HBM bandwidth, vector FLOPs / vector peak, cube FLOPs / cube peak) / parallel eff.
+           + launch overhead
+
+All figures come from ``AscendTarget``. Tiling losses are charged explicitly:
+* GM transfers move whole 32 B blocks: every tensor's innermost dimension is padded to ``ub_align``;
+* cube work is padded to the fractal (M, N, K rounded up to ``cube_m/n/k``, counted on the TIR);
+* a duplicated producer is recomputed in every group that holds a copy (its FLOPs and input reads count
+  once per copy);
+* parallelism: a group with fewer tiles than cores keeps only ``tiles / cores`` of the peak and of the
+  bandwidth (one core cannot saturate HBM on its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from ..target import AscendTarget
+
+
+@dataclass(frozen=True)
+class GroupingConfig:
+    """Knobs of the grouping pass. Every default is a modelling choice, not a hardware fact."""
+
+    min_gain_us: float = 0.01        # XLA-style epsilon: a merge must save more than this (modeled us)
+    min_gain_ratio: float = 0.0      # CANN-style relative threshold on the unfused time (0.3 = 30 %)
+    max_ops: int = 32                # cap: call_tirs in one group
+    max_depth: int = 16              # cap: longest producer->consumer chain inside a group
+    max_params: int = 24             # cap: external inputs of a group (growth of the kernel signature)
+    max_reductions: int = 2          # reductions (row-resident) in one group
+    allow_duplication: bool = True   # duplicate cheap single-op producers into all their consumers
+    allow_siblings: bool = True      # merge two consumers of one tensor
+    max_sibling_fanout: int = 8      # sibling candidates looked at per shared tensor
+    cube_tile_elems: int = 128 * 128  # output elements of one cube tile (fits L0C with fp32 accumulation)
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """What one kernel (fused or not) costs in the model."""
+
+    gm_bytes: float
+    vector_flops: float
+    cube_flops: float      # already padded to the cube fractal
+    tiles: int
+    uses_cube: bool
+    dtype_bytes: int = 4
+    launches: int = 1
+
+    def time_us(self, target: AscendTarget) -> float:
+        cores = target.cube_cores if self.uses_cube else target.vector_cores
+        eff = min(1.0, max(1, self.tiles) / cores)
+        roof = max(self.gm_bytes / target.hbm_bytes_per_s,
+                   self.vector_flops / target.vector_flops(self.dtype_bytes),
+                   self.cube_flops / target.cube_flops())
+        return roof / eff * 1e6 + self.launches * target.launch_overhead_us
+
+
+def padded_bytes(shape: list[int], dtype_bytes: int, target: AscendTarget) -> int:
+    """Bytes a tensor occupies in 32 B blocks: innermost dimension rounded up to the UB alignment."""
+    if not shape:
+        return target.align_up(dtype_bytes)
+    inner = target.align_up(shape[-1] * dtype_bytes)
+    outer = 1
+    for d in shape[:-1]:
+        outer *= d
+    return outer * inner
+
+
+def pad_ratio(shape: list[int], dtype_bytes: int, target: AscendTarget) -> float:
+    """Padded / dense size (>= 1) of a tensor."""
+    dense = dtype_bytes
+    for d in shape:
+        dense *= d
+    return padded_bytes(shape, dtype_bytes, target) / dense if dense else 1.0
+
+
+def tiles_for(out_elems: int, tile_elems: int) -> int:
+    return max(1, ceil(out_elems / max(1, tile_elems)))
+
+
+def merge_gain(parts: list[GroupCost], merged: list[GroupCost], target: AscendTarget) -> tuple[float, float, float]:
+    """(gain, time before, time after) in modeled microseconds."""
+    before = sum(p.time_us(target) for p in parts)
+    after = sum(m.time_us(target) for m in merged)
+    return before - after, before, after
+
+
+def accept(gain: float, before: float, cfg: GroupingConfig) -> bool:
+    return gain > cfg.min_gain_us and gain > cfg.min_gain_ratio * before

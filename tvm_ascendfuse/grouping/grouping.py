@@ -1,0 +1,709 @@
+"""UB fusion, part (b): cost-based grouping of the call_tirs no pattern took (replaces TVM's FuseOps).
+
+Runs after LegalizeOps / AnnotateTIROpPattern. Every call_tir of a dataflow block starts as its own group.
+Candidate merges — producer into consumer, two consumers of one tensor (siblings), and a cheap producer
+duplicated into all its consumers — are scored by the modeled time they save (``cost.py``) and taken
+greedily, largest gain first, from a heap. After a merge only the candidates touching the new group are
+re-scored (stale heap entries are dropped by version), so the work is proportional to the graph's edges,
+not quadratic. A merge is legal when the group stays convex (no path leaves it and comes back), when one
+tile fits UB/L0 (``capacity.py``), when the structure is one the NPU runs as one kernel (at most one cube
+op, whose consumers are elementwise/broadcast/injective; reductions take elementwise producers and, when a
+row fits UB, their epilogue), and when no cap (ops, depth, parameters) is hit. Groups of two or more
+call_tirs become private ``Primitive`` Relax functions, which FuseTIR turns into one PrimFunc each.
+
+Every candidate still open at the end is recorded in the report with the reason it was not taken.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax, tirx
+
+from ..analysis.traffic import ASSUMED_SYMBOLIC_DIM, KernelTraffic, count_primfunc, dtype_bytes, symbolic_bounds
+from ..passbase import PyPass
+from ..report import CAP_HIT, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, CHECK_FAILED, FusionReport
+from ..switches import UB_FUSION, register_switch
+from ..target import AscendTarget, current_target_from_tvm, get_target
+from .capacity import TileBuffer, l0_check, ub_check
+from .cost import GroupCost, GroupingConfig, accept, pad_ratio, tiles_for
+
+SWITCH = register_switch(
+    "CostBasedFusionPass", UB_FUSION,
+    "cost-model grouping of the remaining ops into UB-fused kernels (replaces TVM FuseOps)")
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+ELEMWISE, BROADCAST, INJECTIVE, REDUCE, OUT_EWISE, OPAQUE = 0, 1, 2, 3, 4, 8
+
+
+@dataclass
+class Node:
+    idx: int
+    var: relax.Var
+    call: object | None              # the call_tir, None for bindings we never fuse
+    name: str = ""
+    pattern: int = OPAQUE
+    args: list = field(default_factory=list)          # relax args of the call_tir (Var or constant)
+    producers: list = field(default_factory=list)     # node indices feeding this one
+    users: list = field(default_factory=list)         # node indices using this one
+    escapes: bool = False                              # used outside the dataflow block / by non-binding code
+    traffic: KernelTraffic | None = None
+    in_bytes: list = field(default_factory=list)       # padded GM bytes read per arg position
+    out_bytes: float = 0.0
+    out_elems: int = 1
+    out_dtype: int = 4
+    cube: bool = False
+    row: int = 0                                       # reduction row (elements) of a vector reduction
+
+    @property
+    def fusable(self) -> bool:
+        return self.call is not None and self.pattern != OPAQUE
+
+
+@dataclass
+class Group:
+    gid: int
+    members: list                    # node indices in binding order (duplicated copies included)
+    owner_of: set                    # members this group owns (not duplicated copies)
+    version: int = 0
+    alive: bool = True
+
+
+class _Model:
+    """Cost, capacity and structure of candidate groups over one dataflow block."""
+
+    def __init__(self, nodes: list[Node], target: AscendTarget, cfg: GroupingConfig):
+        self.nodes, self.target, self.cfg = nodes, target, cfg
+
+    # external inputs: key -> (bytes, elems, dtype)
+    def inputs(self, members: list[int]) -> dict:
+        mset = set(members)
+        ins: dict = {}
+        for m in members:
+            n = self.nodes[m]
+            for pos, a in enumerate(n.args):
+                prod_idx = self.producer_of(a)
+                if prod_idx is not None and prod_idx in mset:
+                    continue
+                b = n.in_bytes[pos] if pos < len(n.in_bytes) else 0
+                key = a
+                if key in ins:
+                    ins[key] = (max(ins[key][0], b),) + ins[key][1:]
+                else:
+                    ins[key] = (b, _elems(a), _dtype(a))
+        return ins
+
+    def producer_of(self, arg):
+        return self.var_node.get(arg) if isinstance(arg, relax.Var) else None
+
+    def outputs(self, members: list[int], group_of) -> list[int]:
+        mset = set(members)
+        outs = []
+        for m in members:
+            n = self.nodes[m]
+            if n.escapes:
+                outs.append(m)
+                continue
+            for u in n.users:
+                if u in mset:
+                    continue
+                g = group_of(u)
+                if g is None or m not in g.members:
+                    outs.append(m)
+                    break
+        return outs
+
+    def cost(self, members: list[int], outs: list[int], ins: dict) -> tuple[GroupCost | None, object]:
+        nodes = [self.nodes[m] for m in members]
+        gm = sum(v[0] for v in ins.values()) + sum(self.nodes[o].out_bytes for o in outs)
+        vf = sum(n.traffic.vector_flops for n in nodes)
+        cf = sum(n.traffic.cube_flops_padded for n in nodes)
+        cube = any(n.cube for n in nodes)
+        dt = max((n.out_dtype for n in nodes), default=4)
+        check = self.capacity(members, outs, ins)
+        if not check.fits:
+            return None, check
+        out_elems = max((self.nodes[o].out_elems for o in outs), default=1)
+        if cube:
+            tile = min(self.cfg.cube_tile_elems, check.tile_elems)
+        elif self.resident_row(members):
+            row = self.resident_row(members)
+            tile = max(row, (check.tile_elems // row) * row)
+        else:
+            tile = check.tile_elems
+        return GroupCost(gm, vf, cf, tiles_for(out_elems, tile), cube, dt), check
+
+    def resident_row(self, members: list[int]) -> int:
+        """Row length kept in UB: a vector reduction whose result is consumed inside the group."""
+        mset = set(members)
+        rows = [self.nodes[m].row for m in members
+                if self.nodes[m].row and any(u in mset for u in self.nodes[m].users)]
+        return max(rows, default=0)
+
+    def capacity(self, members, outs, ins):
+        bufs = [TileBuffer(e, d) for (_, e, d) in ins.values()]
+        bufs += [TileBuffer(self.nodes[m].out_elems, self.nodes[m].out_dtype) for m in members]
+        row = self.resident_row(members)
+        min_tile = row if row else max(1, self.target.ub_align // 4)
+        check = ub_check(bufs, min_tile, self.target)
+        if check.fits and any(self.nodes[m].cube for m in members):
+            l0 = l0_check(max(self.nodes[m].out_dtype for m in members), self.target)
+            if not l0.fits:
+                return l0
+        return check
+
+    def depth(self, members: list[int]) -> int:
+        mset, d = set(members), {}
+        for m in sorted(members):
+            d[m] = 1 + max((d[p] for p in self.nodes[m].producers if p in mset and p in d), default=0)
+        return max(d.values(), default=0)
+
+    def structure(self, members: list[int]) -> str | None:
+        """None if the NPU can run these ops as one kernel, else what breaks it."""
+        mset = set(members)
+        cubes = [m for m in members if self.nodes[m].cube]
+        if len(cubes) > 1:
+            return "two cube ops in one kernel"
+        for c in cubes:
+            for p in self.nodes[c].producers:
+                if p in mset:
+                    return "producer fused into a cube op's operand"
+        reds = [m for m in members if not self.nodes[m].cube and self.nodes[m].pattern in (REDUCE, OUT_EWISE)]
+        if len(reds) > self.cfg.max_reductions:
+            return f"more than {self.cfg.max_reductions} reductions"
+        if cubes and reds:
+            after_cube, stack = set(), list(cubes)
+            while stack:
+                for u in self.nodes[stack.pop()].users:
+                    if u in mset and u not in after_cube:
+                        after_cube.add(u)
+                        stack.append(u)
+            if any(m in after_cube for m in reds):
+                return "reduction after a cube op"
+        return None
+
+
+def _elems(expr) -> int:
+    shape = getattr(expr.ty, "shape", None)
+    n = 1
+    for d in shape or []:
+        n *= int(d.value) if hasattr(d, "value") else ASSUMED_SYMBOLIC_DIM
+    return n
+
+
+def _dtype(expr) -> int:
+    return dtype_bytes(getattr(expr.ty, "dtype", "float32"))
+
+
+def _static_shape(ty, bounds) -> list[int]:
+    out = []
+    for d in getattr(ty, "shape", None) or []:
+        if hasattr(d, "value"):
+            out.append(int(d.value))
+        else:
+            name = getattr(d, "name", None)
+            out.append(int(bounds.get(name, ASSUMED_SYMBOLIC_DIM)))
+    return out
+
+
+class CostBasedFusionPass(PyPass):
+    """The grouping pass. ``report.sections['grouping']`` gets one row per emitted group."""
+
+    switch_name = SWITCH
+
+    def __init__(self, target: AscendTarget | str | None = None, report: FusionReport | None = None,
+                 config: GroupingConfig | None = None):
+        self._target_spec = target
+        self.report = report if report is not None else FusionReport()
+        self.config = config or GroupingConfig()
+        self.stats: dict = {}
+
+    def pass_name(self) -> str:
+        return "CostBasedFusionPass"
+
+    @property
+    def target(self) -> AscendTarget:
+        if self._target_spec is not None:
+            return get_target(self._target_spec)
+        return current_target_from_tvm() or get_target("ascend910b")
+
+    def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
+        self.report.touch(SWITCH)
+        target = self.target
+        bb = relax.BlockBuilder(mod)
+        section = self.report.sections.setdefault("grouping", {"groups": [], "assumptions": []})
+        changed = False
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
+                continue
+            if not isinstance(func.body, relax.SeqExpr):
+                continue
+            new_blocks = []
+            for block in func.body.blocks:
+                if isinstance(block, relax.DataflowBlock):
+                    nb = self._group_block(block, func, mod, bb, target, section)
+                    changed |= nb is not block
+                    new_blocks.append(nb)
+                else:
+                    new_blocks.append(block)
+            if changed:
+                body = relax.SeqExpr(new_blocks, func.body.body)
+                new_func = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+                bb.update_func(gv, new_func)
+        if not changed:
+            return mod
+        out = bb.get()
+        return relax.transform.DeadCodeElimination()(out)
+
+    # ---- one dataflow block ---------------------------------------------------------------------------
+    def _nodes(self, block, func, mod, target) -> list[Node]:
+        bounds = symbolic_bounds(func)
+        nodes: list[Node] = []
+        var_node: dict = {}
+        cache: dict = {}
+        for i, b in enumerate(block.bindings):
+            n = Node(i, b.var, None)
+            v = b.value if isinstance(b, relax.VarBinding) else None
+            if (v is not None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                    and v.op.same_as(_CALL_TIR) and len(v.args) == 2 and isinstance(v.args[1], relax.Tuple)
+                    and hasattr(b.var.ty, "dtype") and getattr(b.var.ty, "shape", None) is not None):
+                prim = mod[v.args[0]]
+                args = list(v.args[1].fields)
+                if isinstance(prim, tirx.PrimFunc) and all(
+                        isinstance(a, (relax.Var, tvm.ir.GenericConst)) for a in args):
+                    n.call = v
+                    n.name = v.args[0].name_hint
+                    n.args = args
+                    pat = prim.attrs["op_pattern"] if prim.attrs and "op_pattern" in prim.attrs else OPAQUE
+                    n.pattern = int(pat)
+                    key = n.name
+                    if key not in cache:
+                        cache[key] = count_primfunc(prim, key, bounds)
+                    n.traffic = cache[key]
+                    n.cube = n.traffic.cube_flops > 0
+                    n.row = n.traffic.reduce_row_elems if not n.cube else 0
+                    shape = _static_shape(b.var.ty, bounds)
+                    n.out_dtype = dtype_bytes(b.var.ty.dtype)
+                    n.out_elems = 1
+                    for d in shape:
+                        n.out_elems *= d
+                    n.out_bytes = sum(n.traffic.write_bytes) * pad_ratio(shape, n.out_dtype, target)
+                    n.in_bytes = []
+                    for pos, a in enumerate(args):
+                        rb = n.traffic.read_bytes[pos] if pos < len(n.traffic.read_bytes) else 0
+                        n.in_bytes.append(rb * pad_ratio(_static_shape(a.ty, bounds), _dtype(a), target))
+                    if n.traffic.assumptions:
+                        self._assume(n.traffic.assumptions)
+            nodes.append(n)
+            var_node[b.var] = i
+        readers: dict = {}
+        for n in nodes:
+            for a in n.args:
+                if isinstance(a, relax.Var):
+                    readers.setdefault(a, [])
+                    if n.idx not in readers[a]:
+                        readers[a].append(n.idx)
+        self._readers = readers
+        # edges
+        for n in nodes:
+            b = block.bindings[n.idx]
+            used = _free_vars(b.value) if isinstance(b, relax.VarBinding) else _free_vars_binding(b)
+            for u in used:
+                p = var_node.get(u)
+                if p is not None and p != n.idx and p not in n.producers:
+                    n.producers.append(p)
+                    nodes[p].users.append(n.idx)
+            if not isinstance(n.var, relax.DataflowVar):
+                n.escapes = True
+        self._var_node = var_node
+        return nodes
+
+    def _assume(self, items):
+        sec = self.report.sections.setdefault("grouping", {"groups": [], "assumptions": []})
+        for a in items:
+            if a not in sec["assumptions"]:
+                sec["assumptions"].append(a)
+
+    def _group_block(self, block, func, mod, bb, target, section):
+        cfg = self.config
+        nodes = self._nodes(block, func, mod, target)
+        model = _Model(nodes, target, cfg)
+        model.var_node = self._var_node
+        groups: dict[int, Group] = {}
+        owner: dict[int, int] = {}           # node -> gid of the group that owns it
+        for n in nodes:
+            groups[n.idx] = Group(n.idx, [n.idx], {n.idx})
+            owner[n.idx] = n.idx
+        next_gid = itertools.count(len(nodes))
+        group_of = lambda node_idx: groups.get(owner.get(node_idx)) if owner.get(node_idx) is not None else None
+
+        def gcost(members):
+            ins = model.inputs(members)
+            outs = model.outputs(members, group_of)
+            return model.cost(members, outs, ins), ins, outs
+
+        cost_cache: dict = {}
+
+        def cost_of(g: Group):
+            key = (g.gid, g.version)
+            if key not in cost_cache:
+                (c, _chk), _, _ = gcost(g.members)
+                cost_cache[key] = c
+            return cost_cache[key]
+
+        def producers(g: Group) -> set:
+            out = set()
+            for m in g.members:
+                for p in nodes[m].producers:
+                    og = owner.get(p)
+                    if og is not None and og != g.gid and p not in g.members:
+                        out.add(og)
+            return out
+
+        def consumers(g: Group) -> set:
+            out = set()
+            for m in g.owner_of:
+                for u in nodes[m].users:
+                    og = owner.get(u)
+                    if og is not None and og != g.gid:
+                        out.add(og)
+            return out
+
+        def span(g: Group):
+            return min(g.members), max(g.members)
+
+        def reaches(src: Group, dst: Group, skip_direct: bool) -> bool:
+            """Is there a path src -> ... -> dst through some third group?"""
+            lo_dst = span(dst)[1]
+            stack = [c for c in consumers(src) if c != dst.gid] if skip_direct else list(consumers(src))
+            seen = set()
+            while stack:
+                gid = stack.pop()
+                if gid in seen:
+                    continue
+                seen.add(gid)
+                if gid == dst.gid:
+                    return True
+                g = groups[gid]
+                if span(g)[0] > lo_dst:
+                    continue
+                stack.extend(consumers(g))
+            return False
+
+        def legal(members, a: Group, b: Group | None):
+            """(reason, detail) or (None, None)."""
+            if any(not nodes[m].fusable for m in members):
+                return CHECK_FAILED, {"why": "opaque op"}
+            why = model.structure(members)
+            if why:
+                return CHECK_FAILED, {"why": why}
+            if len(members) > cfg.max_ops:
+                return CAP_HIT, {"cap": "max_ops", "ops": len(members), "limit": cfg.max_ops}
+            d = model.depth(members)
+            if d > cfg.max_depth:
+                return CAP_HIT, {"cap": "max_depth", "depth": d, "limit": cfg.max_depth}
+            if b is not None and (reaches(a, b, True) or reaches(b, a, True)):
+                return CYCLE, {}
+            return None, None
+
+        def evaluate(kind, gids):
+            """-> (gain, new_members, detail, reason)"""
+            gs = [groups[g] for g in gids]
+            if kind == "dup":
+                return self._eval_dup(gs[0], groups, owner, nodes, model, gcost, cost_of, group_of, target)
+            a, b = gs
+            members = sorted(set(a.members) | set(b.members))
+            reason, detail = legal(members, a, b)
+            if reason:
+                return None, members, detail, reason
+            (c, chk), ins, outs = gcost(members)
+            if c is None:
+                return None, members, {"needed_bytes": chk.needed_bytes, "available_bytes": chk.available_bytes,
+                                       "scope": chk.scope}, UB_OVERFLOW
+            if len(ins) > cfg.max_params:
+                return None, members, {"cap": "max_params", "params": len(ins), "limit": cfg.max_params}, CAP_HIT
+            before = cost_of(a).time_us(target) + cost_of(b).time_us(target)
+            after = c.time_us(target)
+            detail = {"modeled_us_unfused": round(before, 4), "modeled_us_fused": round(after, 4),
+                      "modeled_gain_us": round(before - after, 4)}
+            if not accept(before - after, before, cfg):
+                return None, members, detail, NOT_PROFITABLE
+            return before - after, members, detail, None
+
+        heap: list = []
+        seq = itertools.count()
+
+        def push(kind, gids):
+            gids = tuple(gids)
+            gain, _, _, reason = evaluate(kind, gids)
+            if reason is None:
+                vers = tuple(groups[g].version for g in gids)
+                heapq.heappush(heap, (-gain, next(seq), kind, gids, vers))
+
+        def candidates_of(g: Group):
+            out = []
+            for p in producers(g):
+                out.append(("pc", (p, g.gid)))
+            for c in consumers(g):
+                out.append(("pc", (g.gid, c)))
+            if cfg.allow_siblings:
+                for key in model.inputs(g.members):
+                    if isinstance(key, relax.Var):
+                        readers = self._readers.get(key, [])
+                        sib = []
+                        for r in readers:
+                            og = owner.get(r)
+                            if og is not None and og != g.gid and og not in sib:
+                                sib.append(og)
+                        for s in sib[: cfg.max_sibling_fanout]:
+                            out.append(("sib", tuple(sorted((g.gid, s)))))
+            if cfg.allow_duplication:
+                for p in producers(g):
+                    if self._dupable(groups[p], nodes, owner):
+                        out.append(("dup", (p,)))
+            return out
+
+        fusable_groups = [g for g in groups.values() if nodes[g.members[0]].fusable]
+        seen_c = set()
+        for g in fusable_groups:
+            for kind, gids in candidates_of(g):
+                if (kind, gids) in seen_c:
+                    continue
+                seen_c.add((kind, gids))
+                if all(nodes[groups[x].members[0]].fusable for x in gids):
+                    push(kind, gids)
+
+        merges = 0
+        while heap:
+            neg, _, kind, gids, vers = heapq.heappop(heap)
+            if any(not groups[g].alive for g in gids if g in groups) or any(g not in groups for g in gids):
+                continue
+            if tuple(groups[g].version for g in gids) != vers:
+                push(kind, gids)    # re-score against the current groups
+                continue
+            gain, members, detail, reason = evaluate(kind, gids)
+            if reason is not None:
+                continue
+            merges += 1
+            if kind == "dup":
+                where = _label(nodes, groups[gids[0]].members)
+                touched = self._apply_dup(groups[gids[0]], groups, owner, nodes)
+                self.report.record(SWITCH, True, where=where, kind="duplicate", **detail)
+                for t in touched:
+                    cost_cache.pop((t.gid, t.version - 1), None)
+                    for k, ids in candidates_of(t):
+                        if all(x in groups and nodes[groups[x].members[0]].fusable for x in ids):
+                            push(k, ids)
+                continue
+            a, b = groups[gids[0]], groups[gids[1]]
+            new = Group(next(next_gid), members, a.owner_of | b.owner_of)
+            a.alive = b.alive = False
+            del groups[a.gid], groups[b.gid]
+            groups[new.gid] = new
+            for m in new.owner_of:
+                owner[m] = new.gid
+            self.report.record(SWITCH, True, where=_label(nodes, members), kind=kind, **detail)
+            for k, ids in candidates_of(new):
+                if all(x in groups and nodes[groups[x].members[0]].fusable for x in ids):
+                    push(k, ids)
+
+        # What was left on the table, and why (one record per remaining producer->consumer edge).
+        recorded = set()
+        for g in list(groups.values()):
+            if not nodes[g.members[0]].fusable:
+                continue
+            for c in consumers(g):
+                if (g.gid, c) in recorded:
+                    continue
+                if not nodes[groups[c].members[0]].fusable:
+                    continue
+                recorded.add((g.gid, c))
+                _, members, detail, reason = evaluate("pc", (g.gid, c))
+                if reason == CHECK_FAILED and detail.get("why") == "opaque op":
+                    continue
+                self.report.record(SWITCH, False, reason or NOT_PROFITABLE,
+                                   where=f"{_label(nodes, groups[g.gid].members)} -> "
+                                         f"{_label(nodes, groups[c].members)}", kind="producer_consumer",
+                                   **(detail or {}))
+            if cfg.allow_duplication and self._dupable(g, nodes, owner):
+                gain, _, detail, reason = evaluate("dup", (g.gid,))
+                if reason is not None:
+                    self.report.record(SWITCH, False, reason, where=_label(nodes, g.members), kind="duplicate",
+                                       **(detail or {}))
+        self.stats = {"merges": merges, "groups": sum(1 for g in groups.values() if len(g.members) > 1)}
+        return self._emit(block, nodes, groups, owner, group_of, model, bb, section, target, cost_of)
+
+    # ---- duplication ---------------------------------------------------------------------------------------
+    def _dupable(self, g: Group, nodes, owner) -> bool:
+        if len(g.members) != 1:
+            return False
+        n = nodes[g.members[0]]
+        if not n.fusable or n.escapes or n.cube or n.pattern > INJECTIVE or len(n.users) < 2:
+            return False
+        cons = {owner.get(u) for u in n.users}
+        return len(cons) >= 2 and all(nodes[u].fusable for u in n.users)
+
+    def _eval_dup(self, g, groups, owner, nodes, model, gcost, cost_of, group_of, target):
+        cfg = self.config
+        p = g.members[0]
+        cons = sorted({owner[u] for u in nodes[p].users})
+        before = cost_of(g).time_us(target)
+        after = 0.0
+        detail = {}
+        for c in cons:
+            cg = groups[c]
+            members = sorted(set(cg.members) | {p})
+            why = model.structure(members)
+            if why or len(members) > cfg.max_ops:
+                return None, members, {"why": why or "max_ops"}, CHECK_FAILED if why else CAP_HIT
+            before += cost_of(cg).time_us(target)
+            (cc, chk), ins, _ = gcost(members)
+            if cc is None:
+                return None, members, {"needed_bytes": chk.needed_bytes, "available_bytes": chk.available_bytes,
+                                       "scope": chk.scope}, UB_OVERFLOW
+            if len(ins) > cfg.max_params:
+                return None, members, {"cap": "max_params", "params": len(ins)}, CAP_HIT
+            after += cc.time_us(target)
+        detail = {"copies": len(cons), "modeled_us_unfused": round(before, 4), "modeled_us_fused": round(after, 4),
+                  "modeled_gain_us": round(before - after, 4)}
+        if not accept(before - after, before, cfg):
+            return None, [p], detail, NOT_PROFITABLE
+        return before - after, [p], detail, None
+
+    def _apply_dup(self, g, groups, owner, nodes):
+        p = g.members[0]
+        cons = sorted({owner[u] for u in nodes[p].users})
+        g.alive = False
+        del groups[g.gid]
+        owner.pop(p, None)
+        touched = []
+        for c in cons:
+            cg = groups[c]
+            cg.members = sorted(set(cg.members) | {p})
+            cg.version += 1
+            touched.append(cg)
+        return touched
+
+    # ---- emission ------------------------------------------------------------------------------------------
+    def _emit(self, block, nodes, groups, owner, group_of, model, bb, section, target, cost_of):
+        fused = [g for g in groups.values() if len(g.members) > 1]
+        if not fused:
+            return block
+        # units in a topological order that follows the original binding order where it can
+        unit_of: dict[int, int] = {}
+        for g in groups.values():
+            for m in g.owner_of:
+                unit_of[m] = g.gid
+        deps: dict[int, set] = {g.gid: set() for g in groups.values()}
+        for g in groups.values():
+            for m in g.members:
+                for p in nodes[m].producers:
+                    up = unit_of.get(p)
+                    if up is not None and up != g.gid and p not in g.members:
+                        deps[g.gid].add(up)
+        order_key = {g.gid: min(g.owner_of) if g.owner_of else min(g.members) for g in groups.values()}
+        indeg = {k: len(v) for k, v in deps.items()}
+        rev: dict[int, list] = {k: [] for k in deps}
+        for k, v in deps.items():
+            for d in v:
+                rev[d].append(k)
+        ready = [(order_key[k], k) for k, d in indeg.items() if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, k = heapq.heappop(ready)
+            order.append(k)
+            for r in rev[k]:
+                indeg[r] -= 1
+                if indeg[r] == 0:
+                    heapq.heappush(ready, (order_key[r], r))
+        if len(order) != len(deps):
+            raise RuntimeError("CostBasedFusionPass produced a cyclic grouping (internal error)")
+        bindings = []
+        for gid in order:
+            g = groups[gid]
+            if len(g.members) == 1:
+                bindings.append(block.bindings[g.members[0]])
+                continue
+            bindings += self._emit_group(g, block, nodes, model, group_of, bb, section, target, cost_of)
+        return relax.DataflowBlock(bindings)
+
+    def _emit_group(self, g, block, nodes, model, group_of, bb, section, target, cost_of):
+        members = g.members
+        ins = model.inputs(members)
+        outs = model.outputs(members, group_of)
+        params, remap = [], {}
+        for i, key in enumerate(ins):
+            pv = relax.Var(f"p{i}", key.ty)
+            params.append(pv)
+            remap[key] = pv
+        names = [nodes[m].name for m in members]
+        name = "fused_" + "_".join(names)
+        if len(name) > 80:
+            name = name[:80]
+        fbb = relax.BlockBuilder()
+        with fbb.function(name, params, attrs={"Primitive": True}, private=True):
+            with fbb.dataflow():
+                local = dict(remap)
+                out_vals = {}
+                for m in members:
+                    n = nodes[m]
+                    args = [local[a] for a in n.args]
+                    call = relax.call_tir(n.call.args[0], relax.Tuple(args), n.call.ty_args[0]
+                                          if len(n.call.ty_args) == 1 else list(n.call.ty_args))
+                    if m in outs and len(outs) == 1:
+                        v = fbb.emit_output(call, name_hint=n.var.name)
+                    else:
+                        v = fbb.emit(call, name_hint=n.var.name)
+                    local[n.var] = v
+                    out_vals[m] = v
+                if len(outs) == 1:
+                    result = out_vals[outs[0]]
+                else:
+                    result = fbb.emit_output(relax.Tuple([out_vals[o] for o in outs]))
+            fbb.emit_func_output(result)
+        func = fbb.get()[name]
+        gv = bb.add_func(func, name)
+        call = relax.Call(gv, list(ins.keys()))
+        lead = nodes[outs[0]]
+        bindings = []
+        if len(outs) == 1:
+            bindings.append(relax.VarBinding(lead.var, bb.normalize(call)))
+        else:
+            ncall = bb.normalize(call)
+            tmp = relax.DataflowVar(f"{lead.var.name}_grp", ncall.ty)
+            bindings.append(relax.VarBinding(tmp, ncall))
+            for i, o in enumerate(outs):
+                bindings.append(relax.VarBinding(nodes[o].var, bb.normalize(relax.TupleGetItem(tmp, i))))
+        c = cost_of(g)
+        section["groups"].append({
+            "name": gv.name_hint, "ops": names, "outputs": len(outs), "inputs": len(ins),
+            "modeled_gm_bytes": int(c.gm_bytes) if c else None, "tiles": c.tiles if c else None,
+            "modeled_time_us": round(c.time_us(target), 4) if c else None,
+            "modeled_time_us_unfused": round(sum(_single_cost(model, m, group_of).time_us(target)
+                                                 for m in members if m in g.owner_of), 4)})
+        return bindings
+
+
+def _single_cost(model, m, group_of):
+    ins = model.inputs([m])
+    outs = [m]
+    c, _ = model.cost([m], outs, ins)
+    return c if c is not None else GroupCost(0, 0, 0, 1, False)
+
+
+def _label(nodes, members) -> str:
+    return "+".join(nodes[m].name or nodes[m].var.name for m in members)
+
+
+def _free_vars(expr) -> list:
+    found = []
+    relax.analysis.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
+    return found
+
+
+def _free_vars_binding(b) -> list:
+    return _free_vars(b.value) if hasattr(b, "value") else []
