@@ -24,8 +24,29 @@ class UnsupportedOpError(AscendFuseError):
 class UBCapacityError(AscendFuseError):
     """A scheduled kernel needs more on-chip buffer than the target has."""
 
-    def __init__(self, kernel: str, scope: str, needed: int, available: int):
+    def __init__(self, kernel: str, scope: str | None = None, needed: int | None = None,
+                 available: int | None = None):
+        if scope is None:
+            # Rebuilt from its message after crossing TVM's FFI (a pass raised it inside tvm.compile).
+            import re
+
+            m = re.search(r"kernel '(.*)' needs (\d+) bytes of (\S+) but the target has (\d+) bytes", kernel)
+            if m:
+                kernel, needed, scope, available = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
         self.kernel, self.scope, self.needed, self.available = kernel, scope, needed, available
         super().__init__(
             f"kernel '{kernel}' needs {needed} bytes of {scope} but the target has {available} bytes usable"
         )
+
+
+def _keep_type_across_tvm_ffi() -> None:
+    """Errors raised in our passes run inside tvm.compile; registering the class keeps its type."""
+    try:
+        import tvm_ffi
+
+        tvm_ffi.register_error("UBCapacityError", UBCapacityError)
+    except (ImportError, AttributeError):
+        pass
+
+
+_keep_type_across_tvm_ffi()

@@ -1,0 +1,128 @@
+"""Sizing and loop helpers shared by the schedule rules.
+
+Tile sizes come from the AscendTarget (usable UB, double buffering, 32 B alignment); vector width and
+thread count come from the llvm host target, because on this host UB tiling is cache blocking.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from ..target import AscendTarget
+
+__all__ = ["block_infos", "buffer_bytes", "extent", "host_of", "num_cores", "vector_lanes", "vector_width_for",
+           "tile_elements", "is_output_block", "try_", "ok", "root_blocks", "innermost_vector"]
+
+
+def host_of(host):
+    """The llvm host target: the one given, else the one in scope, else None (generic x86-64 assumed)."""
+    if host is not None:
+        return host if isinstance(host, tvm.target.Target) else tvm.target.Target(host)
+    return tvm.target.Target.current(allow_none=True)
+
+
+def vector_lanes(host, dtype_bits: int) -> int:
+    """Lanes of one host vector register for this element width (16 fp32 lanes on AVX-512)."""
+    bits = 128
+    host = host_of(host)
+    if host is not None and host.kind.name == "llvm":
+        try:
+            bits = int(tvm.target.codegen.llvm_get_vector_width(host)) or 128
+        except Exception:  # an llvm without that query: assume SSE width
+            bits = 128
+    return max(1, bits // max(8, dtype_bits))
+
+
+def num_cores(host) -> int:
+    host = host_of(host)
+    if host is not None and "num-cores" in host.attrs:
+        return max(1, int(host.attrs["num-cores"]))
+    return 1
+
+
+def extent(sch: s_tir.Schedule, loop) -> int | None:
+    """Static extent of a loop, None when symbolic."""
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tirx.IntImm) else None
+
+
+def vector_width_for(ext: int | None, lanes: int) -> int:
+    """Largest power of two <= lanes dividing a static extent (no scalar tail inside a vector loop).
+    A symbolic extent gets the full width: its tail is predicated."""
+    if ext is None:
+        return lanes
+    v = 1
+    while v * 2 <= lanes and ext % (v * 2) == 0:
+        v *= 2
+    return v
+
+
+def buffer_bytes(buf) -> int:
+    return tvm.DataType(str(buf.dtype)).bits // 8
+
+
+def tile_elements(target: AscendTarget, bytes_per_element: int, align_elems: int = 1) -> int:
+    """Elements per tile so that the tile's working set (``bytes_per_element`` summed over the buffers it
+    touches, doubled when double-buffered, each buffer padded to the UB alignment) fits usable UB."""
+    copies = 2 if target.double_buffer else 1
+    budget = target.ub_usable // copies
+    n = budget // max(1, bytes_per_element)
+    # leave room for rounding every buffer up to the alignment
+    n -= math.ceil(target.ub_align / max(1, bytes_per_element)) * 4
+    step = max(1, align_elems)
+    return max(step, (n // step) * step)
+
+
+def block_infos(sch: s_tir.Schedule):
+    """dlight's normal form of the function's blocks (iter kinds S/R/O per block), or None."""
+    return normalize_prim_func(sch)
+
+
+def root_blocks(sch: s_tir.Schedule):
+    root = sch.get_sblock(sch.mod["main"].body.block.name_hint)
+    return sch.get_child_blocks(root)
+
+
+def is_output_block(sch: s_tir.Schedule, block) -> bool:
+    """Whether the block writes a parameter buffer of the function."""
+    params = [p for p in sch.mod["main"].params if isinstance(p.ty, tirx.BufferType)]
+    return any(w.source.same_as(p) for w in sch.get(block).writes for p in params)
+
+
+def try_(step, *args, **kwargs):
+    """Run one optional schedule primitive; a ScheduleError (legality check) means 'skip this step'.
+    Primitives check legality before they change the IR, so the schedule stays valid."""
+    try:
+        return step(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - any refusal of an optional step
+        return None
+
+
+def ok(step, *args, **kwargs) -> bool:
+    """Like ``try_`` for primitives that return nothing: True when the step was applied."""
+    try:
+        step(*args, **kwargs)
+        return True
+    except Exception:  # noqa: BLE001 - any refusal of an optional step
+        return False
+
+
+def innermost_vector(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """Vectorise the innermost loop of a block by the widest legal width (no-op when none)."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    inner = loops[-1]
+    v = vector_width_for(extent(sch, inner), lanes)
+    if v < 2:
+        return
+    ext = extent(sch, inner)
+    if ext is None:
+        return   # a symbolic tail would scalarise the whole loop; leave it to LLVM's loop vectorizer
+    if ext > v:
+        inner = sch.split(inner, [None, v])[1]
+    ok(sch.vectorize, inner)

@@ -1,0 +1,197 @@
+"""Row reductions with prologue/epilogue: LayerNorm, RMSNorm, softmax, add+norm, mean/sum/max, global pools.
+
+One row at a time: every block is computed at the row loop of the last block, so a row's intermediates
+(the ``x + r`` row, the exponentials of softmax, the partial sums) live in ``local.UB`` and the input is
+read from GM once. Sums and maxima are vectorised with ``rfactor`` into lane-wide partials, which must
+happen *before* ``compute_at`` (rfactor needs the reduction block to head its loop nest). When a row does
+not fit UB the row tensor is not staged: it streams from GM (the report notes it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from ..target import AscendTarget
+from .base import UB_SCOPE, ScheduleRule
+from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, num_cores, root_blocks,
+                     ok, try_, vector_lanes, vector_width_for)
+
+MIN_PARALLEL_ELEMENTS = 16384
+
+
+def _leading_s(kind: str) -> int:
+    return len(kind) - len(kind.lstrip("S"))
+
+
+def _region_vars(region, iter_vars) -> list:
+    """Which of the block's iter vars each index of a buffer region is (None when not a bare var)."""
+    out = []
+    for r in region.region:
+        hit = None
+        for iv in iter_vars:
+            if r.min.same_as(iv.var):
+                hit = iv.var
+        out.append(hit)
+    return out
+
+
+def is_contraction(sch: s_tir.Schedule, block) -> bool:
+    """A GEMM-like reduction: two operands indexed by the reduction var, each carrying a spatial var the
+    other lacks (A[i, k] * B[k, j]). Those belong to the matmul/attention rules, not to row reductions."""
+    stmt = sch.get(block)
+    rvars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    svars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    if not rvars:
+        return False
+    used = []
+    for region in stmt.reads:
+        text = str(region.region)
+        names = {v.name for v in rvars + svars if re.search(rf"\b{re.escape(v.name)}\b", text)}
+        if any(v.name in names for v in rvars):
+            used.append({n for n in names if n in {v.name for v in svars}})
+    for a in used:
+        for b in used:
+            if a - b and b - a:
+                return True
+    return False
+
+
+class ReductionRule(ScheduleRule):
+    """Blocks with shared leading spatial (row) axes, at least one reducing the trailing axes."""
+
+    name = "reduction"
+
+    def __init__(self):
+        self.note = None
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
+        self.note = None
+        sch = s_tir.Schedule(func)
+        infos = block_infos(sch)
+        if not infos or not any(b.is_reduction() for b in infos):
+            return None
+        kinds = [b.dom_kind() for b in infos]
+        if any(not re.fullmatch(r"S+R*", k) for k in kinds):
+            return None
+        if any(b.is_reduction() and is_contraction(sch, b.block_rv) for b in infos):
+            return None
+        nrow = min(_leading_s(k) for k in kinds)
+        last = infos[-1]
+        out_dtype_bits = buffer_bytes(sch.get(last.block_rv).writes[0].source) * 8
+        lanes = vector_lanes(host, out_dtype_bits)
+
+        # Row geometry of the last block.
+        dom = last.dom()
+        row_elems = math.prod(d if isinstance(d, int) else 1 << 16 for d in dom[nrow:]) if len(dom) > nrow else 1
+        red_elems = max((math.prod(d if isinstance(d, int) else 1 << 16 for d in b.dom()[_leading_s(b.dom_kind()):])
+                         for b in infos if b.is_reduction()), default=1)
+        row_elems = max(row_elems, red_elems)
+
+        # 1. prologue blocks: inline single-use ones, stage multi-use full rows in UB.
+        staged = []
+        for info in infos[:-1]:
+            if info.is_reduction() or is_output_block(sch, info.block_rv):
+                continue
+            consumers = sch.get_consumers(info.block_rv)
+            full_row = len(info.dom()) > nrow
+            if len(consumers) > 1 and full_row:
+                staged.append(info.block_rv)
+            elif try_(sch.compute_inline, info.block_rv) is None and full_row:
+                staged.append(info.block_rv)
+
+        # Does one row fit? inputs + staged rows + output, double-buffered.
+        stmt = sch.get(last.block_rv)
+        n_row_buffers = len(staged) + len(stmt.writes) + len(
+            [r for r in stmt.reads if len(r.region) > nrow])
+        row_bytes = row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) * (2 if target.double_buffer else 1)
+        stage_rows = row_bytes <= target.ub_usable
+        if not stage_rows:
+            self.note = (f"one row needs {row_bytes} B of UB > {target.ub_usable} B usable: row tensors stream "
+                         f"from GM in {lanes}-element chunks instead of being staged")
+        for blk in staged:
+            if stage_rows:
+                try_(sch.set_scope, blk, 0, UB_SCOPE)
+
+        # 2. rfactor the row reductions into lane-wide partials (before compute_at).
+        rf_blocks = []
+        for info in infos:
+            if not info.is_reduction():
+                continue
+            blk = info.block_rv
+            loops = sch.get_loops(blk)
+            ns = _leading_s(info.dom_kind())
+            rloops = loops[ns:]
+            r = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
+            ext = extent(sch, r)
+            v = vector_width_for(ext, lanes)
+            if not is_output_block(sch, blk):
+                try_(sch.set_scope, blk, 0, UB_SCOPE)
+            if ext is None or v < 4 or ext < 2 * v:
+                continue
+            _, ki = sch.split(r, [None, v])
+            rf = try_(sch.rfactor, ki, 0)
+            if rf is not None:
+                try_(sch.set_scope, rf, 0, UB_SCOPE)
+                rf_blocks.append(rf)
+
+        # 3. everything at the row loop of the last block.
+        blocks = root_blocks(sch)
+        last_blk = blocks[-1]
+        loops = sch.get_loops(last_blk)
+        row = sch.fuse(*loops[:nrow]) if nrow > 1 else loops[0]
+        for blk in reversed(blocks[:-1]):
+            sch.compute_at(blk, row, preserve_unit_loops=True)
+        total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
+        if num_cores(host) > 1 and total >= MIN_PARALLEL_ELEMENTS:
+            try_(sch.parallel, row)
+
+        # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
+        rf_names = {sch.get(b).name_hint for b in rf_blocks}
+        for blk in self._blocks_under(sch, row):
+            name = sch.get(blk).name_hint
+            if name in rf_names:
+                self._vectorize_rf(sch, blk)
+            elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
+                innermost_vector(sch, blk, lanes)
+        return sch
+
+    @staticmethod
+    def _blocks_under(sch, loop):
+        found = []
+
+        def visit(stmt):
+            if isinstance(stmt, s_tir.SBlockRealize):
+                found.append(stmt.block.name_hint)
+
+        tvm_ffi.structural_walk(sch.get(loop), (s_tir.SBlockRealize, visit), order="pre")
+        return [sch.get_sblock(n) for n in found]
+
+    @staticmethod
+    def _vectorize_rf(sch, rf):
+        """rf block: lane axis innermost and vectorised, init split off (decompose_reduction last)."""
+        realize = _get_realize(sch, rf)
+        loops = sch.get_loops(rf)
+        by_var = {sch.get(l).loop_var.name: l for l in loops}
+        lane = red = None
+        for iv, val in zip(realize.block.iter_vars, realize.iter_values):
+            if not isinstance(val, tirx.Var) or val.name not in by_var:
+                continue
+            if iv.iter_type == tirx.IterVar.CommReduce and red is None:
+                red = by_var[val.name]
+            elif iv.iter_type == tirx.IterVar.DataPar and lane is None:
+                lane = by_var[val.name]
+        if lane is None or red is None:
+            return
+        ok(sch.reorder, red, lane)
+        if not ok(sch.vectorize, lane):
+            return
+        init = try_(sch.decompose_reduction, rf, red)
+        if init is not None:
+            ok(sch.vectorize, sch.get_loops(init)[-1])
+
+
+_get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
