@@ -1,0 +1,117 @@
+"""Scaled/masked softmax (TbeSoftmaxFusionPass) and attention (TbeAttentionFusionPass)."""
+
+import pytest
+from tvm import relax
+
+from tests.helpers import assert_same_numbers
+from tests.patterns.util import assert_fused, build, const, refusals
+
+S = ("s", (2, 4, 8, 8), "float32")
+MASK = ("m", (2, 1, 1, 8), "float32")
+
+
+def test_softmax_scale_mask():
+    mod = build([S, MASK], lambda bb, s, m: relax.op.nn.softmax(bb.emit(relax.op.add(
+        bb.emit(relax.op.multiply(s, relax.const(0.125))), m)), axis=-1))
+    assert_fused(mod, "ascendfuse.softmax.scale_mask")
+
+
+def test_softmax_divide_scale():
+    mod = build([S], lambda bb, s: relax.op.nn.softmax(bb.emit(relax.op.divide(s, relax.const(8.0))), axis=-1))
+    assert_fused(mod, "ascendfuse.softmax.scale")
+
+
+def test_softmax_mask_fp16():
+    mod = build([("s", (2, 8, 8), "float16"), ("m", (2, 1, 8), "float16")],
+                lambda bb, s, m: relax.op.nn.softmax(bb.emit(relax.op.add(s, m)), axis=-1))
+    assert_fused(mod, "ascendfuse.softmax.mask")
+
+
+def test_softmax_row_too_long_for_ub():
+    """One 200000-long fp32 row (x2 double buffering) cannot fit 184 KiB: refused, bytes recorded."""
+    mod = build([("s", (1, 200000), "float32")],
+                lambda bb, s: relax.op.nn.softmax(bb.emit(relax.op.multiply(s, relax.const(0.5))), axis=-1))
+    result = assert_same_numbers(mod)
+    recs = [r for r in refusals(result, "TbeSoftmaxFusionPass") if r["reason"] == "ub_overflow"]
+    assert recs, result.report.get("TbeSoftmaxFusionPass").to_dict()
+    assert recs[0]["bytes_needed"] >= 2 * 200000 * 4 * 2 and recs[0]["bytes_available"] == 184 * 1024
+    assert not any(k["pattern"] == "ascendfuse.softmax.scale" for k in result.report.kernels)
+
+
+Q = ("q", (1, 2, 8, 16), "float32")
+K = ("k", (1, 2, 8, 16), "float32")
+V = ("v", (1, 2, 8, 16), "float32")
+AMASK = ("m", (1, 1, 1, 8), "float32")
+
+
+def attention(bb, q, k, v, m=None, scale="mul"):
+    s = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
+    if scale == "mul":
+        s = bb.emit(relax.op.multiply(s, relax.const(0.25)))
+    elif scale == "div":
+        s = bb.emit(relax.op.divide(s, relax.const(4.0)))
+    if m is not None:
+        s = bb.emit(relax.op.add(s, m))
+    return relax.op.matmul(bb.emit(relax.op.nn.softmax(s, axis=-1)), v)
+
+
+def test_attention_scale_mask():
+    assert_fused(build([Q, K, V, AMASK], lambda bb, q, k, v, m: attention(bb, q, k, v, m)),
+                 "ascendfuse.attention.scale_mask")
+
+
+def test_attention_divide_scale():
+    assert_fused(build([Q, K, V], lambda bb, q, k, v: attention(bb, q, k, v, scale="div")),
+                 "ascendfuse.attention.scale")
+
+
+def test_attention_mask_only():
+    assert_fused(build([Q, K, V, AMASK], lambda bb, q, k, v, m: attention(bb, q, k, v, m, scale=None)),
+                 "ascendfuse.attention.mask")
+
+
+def test_attention_plain_fp16():
+    mod = build([(n, s, "float16") for n, s, _ in (Q, K, V)],
+                lambda bb, q, k, v: attention(bb, q, k, v, scale=None))
+    assert_fused(mod, "ascendfuse.attention.plain")
+
+
+def test_attention_with_bert_style_head_split():
+    """Q/K/V projections reshaped into heads around the attention core (as a BERT ONNX export imports):
+    the core from Q·Kᵀ to P·V is one kernel; the head split/merge stays outside."""
+    hid, heads, seq = 32, 2, 8
+
+    def body(bb, x, m):
+        def proj(seed, perm):
+            y = bb.emit(relax.op.matmul(x, const((hid, hid), seed=seed)))
+            y = bb.emit(relax.op.reshape(y, (1, seq, heads, hid // heads)))
+            return bb.emit(relax.op.permute_dims(y, perm))
+        q, kt, v = proj(5, [0, 2, 1, 3]), proj(6, [0, 2, 3, 1]), proj(7, [0, 2, 1, 3])
+        s = bb.emit(relax.op.divide(bb.emit(relax.op.matmul(q, kt)), relax.const(4.0)))
+        p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.add(s, m)), axis=-1))
+        o = bb.emit(relax.op.permute_dims(bb.emit(relax.op.matmul(p, v)), [0, 2, 1, 3]))
+        return relax.op.reshape(o, (1, seq, hid))
+
+    result = assert_same_numbers(build([("x", (1, seq, hid), "float32"), ("m", (1, 1, 1, seq), "float32")], body))
+    att = [k for k in result.report.kernels if k["pattern"] == "ascendfuse.attention.scale_mask"]
+    assert len(att) == 1 and att[0]["launches"] == 1, result.report.kernels
+    assert result.report.get("TbeAttentionFusionPass").effect_times == 1
+
+
+def test_attention_probabilities_used_outside_is_refused():
+    def body(bb, q, k, v):
+        s = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
+        p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.multiply(s, relax.const(0.25))), axis=-1))
+        o = bb.emit(relax.op.matmul(p, v))
+        return relax.op.add(o, bb.emit(relax.op.sum(p, axis=[-1], keepdims=True)))
+    result = assert_same_numbers(build([Q, K, V], body))
+    reasons = [r.get("failed", "") for r in refusals(result, "TbeAttentionFusionPass")]
+    assert any("used outside the group" in r for r in reasons), reasons
+
+
+def test_attention_long_keys_overflow():
+    mod = build([("q", (1, 1, 16, 16), "float32"), ("k", (1, 1, 8192, 16), "float32"),
+                 ("v", (1, 1, 8192, 16), "float32")], lambda bb, q, k, v: attention(bb, q, k, v))
+    result = assert_same_numbers(mod)
+    recs = [r for r in refusals(result, "TbeAttentionFusionPass") if r["reason"] == "ub_overflow"]
+    assert recs and recs[0]["bytes_needed"] > recs[0]["bytes_available"]
