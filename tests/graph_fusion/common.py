@@ -77,3 +77,17 @@ def run_ort(model: onnx.ModelProto, inputs: list[np.ndarray]):
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     return sess.run(None, dict(zip(names, inputs)))[0]
+
+
+def build(body, *shapes, dtype="float32"):
+    """``main(x0, x1, ...)`` whose dataflow block is ``body(bb, *params) -> output`` (a Relax expr or tuple)."""
+    params = [relax.Var(f"x{i}", relax.TensorType(s, dtype)) for i, s in enumerate(shapes)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = body(bb, *params)
+            if isinstance(out, (list, tuple)):
+                out = relax.Tuple(list(out))
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()

@@ -231,11 +231,15 @@ class Rewrite:
 
 
 class Refusal(Exception):
-    """Raised by a matcher for a recognised pattern that fails a check: recorded, graph left alone."""
+    """Raised by a matcher for a recognised pattern that fails a check: recorded, graph left alone.
 
-    def __init__(self, reason: str = CHECK_FAILED, **detail):
+    ``internal`` (the bindings the pattern would have absorbed) keeps smaller matches inside the refused
+    one from being reported again as separate refusals (they may still be rewritten if they pass)."""
+
+    def __init__(self, reason: str = CHECK_FAILED, internal: set | None = None, **detail):
         super().__init__(reason)
         self.reason = reason
+        self.internal = set(internal or ())
         self.detail = detail
 
 
@@ -262,20 +266,24 @@ class GraphRewritePass(FusionPass):
         return relax.analysis.remove_all_unused(current) if changed else func
 
     def _plan(self, graph: FunctionGraph) -> dict:
-        plan, claimed = {}, set()
+        plan, claimed, refused = {}, set(), set()
         for var in reversed(graph.order):
             if var in claimed:
                 continue
             try:
                 found = self.match(var, graph)
             except Refusal as refusal:
-                self.refuse(refusal.reason, var.name, **refusal.detail)
+                if var not in refused:
+                    self.refuse(refusal.reason, var.name, **refusal.detail)
+                refused |= refusal.internal
                 continue
             if found is None or found.internal & claimed:
                 continue
             problem = self._check(found, graph)
             if problem is not None:
-                self.refuse(CHECK_FAILED, var.name, failed=problem, **found.detail)
+                if var not in refused:
+                    self.refuse(CHECK_FAILED, var.name, failed=problem, **found.detail)
+                refused |= found.internal
                 continue
             claimed |= found.internal | {found.root}
             if self.take(var.name, **found.detail):

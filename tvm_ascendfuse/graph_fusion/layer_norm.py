@@ -67,19 +67,20 @@ class LayerNormFusionPass(GraphRewritePass):
         sq = flatten_product(graph, variance.args[0])
         if sq.coef != 1.0 or sq.consts or sq.atoms != {d: 2}:
             return None
+        internal |= prod.internal | sq.internal | {d, sub.args[1], ve, var_expr}
         x_shape = static_shape(x)
         if x_shape is None:
-            raise Refusal(failed="dynamic shape")
+            raise Refusal(internal=internal, failed="dynamic shape")
         ndim = len(x_shape)
         axes = keepdims_axes(mu, ndim)
         if axes is None or axes != keepdims_axes(variance, ndim) or not trailing(axes, ndim):
-            raise Refusal(failed=f"reduction axes {axes} are not the same trailing axes with keepdims")
+            raise Refusal(internal=internal,
+                          failed=f"reduction axes {axes} are not the same trailing axes with keepdims")
         scale = prod.const_factor()
         gamma = affine_param(prod.coef * (scale if scale is not None else 1.0), x_shape, axes, 1.0)
         beta_n = affine_param(beta, x_shape, axes, 0.0)
         if gamma is None or beta_n is None:
-            raise Refusal(failed="gamma/beta do not have the normalised shape")
-        internal |= prod.internal | sq.internal | {d, sub.args[1], ve, var_expr}
+            raise Refusal(internal=internal, failed="gamma/beta do not have the normalised shape")
         dtype = str(x.ty.dtype)
         value = relax.op.nn.layer_norm(x, make_const(gamma, dtype), make_const(beta_n, dtype), axes, epsilon=eps)
         return Rewrite(var, value, internal, {"axes": str(axes)})

@@ -48,17 +48,17 @@ class RMSNormFusionPass(GraphRewritePass):
         sq = flatten_product(graph, ms.args[0])
         if sq.coef != 1.0 or sq.consts or sq.atoms != {x: 2}:
             return None
+        internal = prod.internal | sq.internal | {ve, ms_expr}
         x_shape = static_shape(x)
         if x_shape is None:
-            raise Refusal(failed="dynamic shape")
+            raise Refusal(internal=internal, failed="dynamic shape")
         ndim = len(x_shape)
         axes = keepdims_axes(ms, ndim)
         if not trailing(axes, ndim):
-            raise Refusal(failed=f"reduction axes {axes} are not trailing axes with keepdims")
+            raise Refusal(internal=internal, failed=f"reduction axes {axes} are not trailing axes with keepdims")
         scale = prod.const_factor()
         gamma = affine_param(prod.coef * (scale if scale is not None else 1.0), x_shape, axes, 1.0)
         if gamma is None:
-            raise Refusal(failed="gamma does not have the normalised shape")
-        internal = prod.internal | sq.internal | {ve, ms_expr}
+            raise Refusal(internal=internal, failed="gamma does not have the normalised shape")
         value = relax.op.nn.rms_norm(x, make_const(gamma, str(x.ty.dtype)), axes, epsilon=eps)
         return Rewrite(var, value, internal, {"axes": str(axes)})
