@@ -1,0 +1,93 @@
+"""The graph-fusion phase inside the whole ascendfuse pipeline: numbers unchanged, passes effective."""
+
+import math
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from tests.graph_fusion.common import onnx_model
+from tests.helpers import assert_same_numbers
+from tvm_ascendfuse.frontend import import_onnx
+from tvm_ascendfuse.graph_fusion import GRAPH_FUSION_PASSES
+
+RNG = np.random.default_rng(7)
+N = helper.make_node
+
+
+def counts(result, name):
+    rec = result.report.get(name)
+    return rec.match_times, rec.effect_times
+
+
+def conv_bn_relu():
+    inits = {"W": RNG.standard_normal((8, 3, 3, 3)).astype("float32"), "B": RNG.standard_normal(8).astype("float32"),
+             "g": RNG.random(8, "float32") + .5, "b": RNG.standard_normal(8).astype("float32"),
+             "m": RNG.standard_normal(8).astype("float32"), "v": RNG.random(8, "float32") + .5}
+    nodes = [N("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]), N("BatchNormalization", ["c", "g", "b", "m", "v"],
+                                                                     ["n"]), N("Relu", ["n"], ["y"])]
+    return import_onnx(onnx_model(nodes, {"x": (1, 3, 8, 8)}, {"y": (1, 8, 8, 8)}, inits))
+
+
+@pytest.mark.parametrize("state", ["off", "on"])
+def test_conv_bn_relu_switch(state):
+    result = assert_same_numbers(conv_bn_relu(), switches={"ConvBatchnormFusionPass": state})
+    assert counts(result, "ConvBatchnormFusionPass") == (1, 1 if state == "on" else 0)
+    fused_ops = [k["ops"] for k in result.report.kernels]
+    assert any("batch_norm" in o for o in fused_ops) == (state == "off")
+
+
+def yolo_stem():
+    """Focus -> Conv(+bias) -> BN -> x * Sigmoid(x), as exported by YOLOv5 (opset 13)."""
+    inits = {"W": RNG.standard_normal((8, 12, 3, 3)).astype("float32"), "B": RNG.standard_normal(8).astype("float32"),
+             "g": RNG.random(8, "float32") + .5, "b": RNG.standard_normal(8).astype("float32"),
+             "m": RNG.standard_normal(8).astype("float32"), "v": RNG.random(8, "float32") + .5,
+             "ax": np.array([2, 3]), "st": np.array([2, 2]), "e": np.array([1 << 30, 1 << 30])}
+    nodes = []
+    for i, (a, b) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
+        inits[f"s{i}"] = np.array([a, b])
+        nodes.append(N("Slice", ["x", f"s{i}", "e", "ax", "st"], [f"p{i}"]))
+    nodes += [N("Concat", [f"p{i}" for i in range(4)], ["cat"], axis=1),
+              N("Conv", ["cat", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+              N("BatchNormalization", ["c", "g", "b", "m", "v"], ["n"]),
+              N("Sigmoid", ["n"], ["s"]), N("Mul", ["n", "s"], ["y"])]
+    return import_onnx(onnx_model(nodes, {"x": (1, 3, 8, 8)}, {"y": (1, 8, 4, 4)}, inits))
+
+
+def test_yolo_stem_all_passes():
+    result = assert_same_numbers(yolo_stem())
+    for name in ("FocusConvFusionPass", "ConvBatchnormFusionPass", "SwishFusionPass"):
+        assert counts(result, name) == (1, 1), name
+    assert [k["ops"] for k in result.report.kernels] == [["conv2d", "add", "silu"]]
+
+
+def transformer_mlp():
+    """Decomposed LayerNorm (opset 13) -> Gemm -> erf GELU."""
+    inits = {"two": np.array(2.0, "float32"), "eps": np.array(1e-5, "float32"), "g": RNG.random(16, "float32"),
+             "b": RNG.standard_normal(16).astype("float32"), "W": RNG.standard_normal((32, 16)).astype("float32"),
+             "B": RNG.standard_normal(32).astype("float32"), "s2": np.array(math.sqrt(2), "float32"),
+             "one": np.array(1.0, "float32"), "half": np.array(0.5, "float32")}
+    nodes = [N("ReduceMean", ["x"], ["mu"], axes=[-1]), N("Sub", ["x", "mu"], ["d"]), N("Pow", ["d", "two"], ["d2"]),
+             N("ReduceMean", ["d2"], ["var"], axes=[-1]), N("Add", ["var", "eps"], ["ve"]), N("Sqrt", ["ve"], ["sd"]),
+             N("Div", ["d", "sd"], ["nrm"]), N("Mul", ["nrm", "g"], ["ng"]), N("Add", ["ng", "b"], ["ln"]),
+             N("Gemm", ["ln", "W", "B"], ["h"], transB=1),
+             N("Div", ["h", "s2"], ["a"]), N("Erf", ["a"], ["er"]), N("Add", ["er", "one"], ["e1"]),
+             N("Mul", ["h", "e1"], ["hm"]), N("Mul", ["hm", "half"], ["y"])]
+    return import_onnx(onnx_model(nodes, {"x": (4, 16)}, {"y": (4, 32)}, inits))
+
+
+def test_transformer_mlp_recognised():
+    result = assert_same_numbers(transformer_mlp())
+    for name in ("LayerNormFusionPass", "MatMulBiasAddFusionPass", "GeluFusionPass"):
+        assert counts(result, name) == (1, 1), name
+    all_ops = [op for k in result.report.kernels for op in k["ops"]]
+    assert "layer_norm" in all_ops and "gelu" in all_ops and "erf" not in all_ops
+
+
+def test_every_pass_is_listed_and_switchable():
+    from tvm_ascendfuse.switches import GRAPH_FUSION, known_switches
+    names = [cls.switch_name for cls in GRAPH_FUSION_PASSES]
+    assert len(set(names)) == len(names) == 10
+    assert all(known_switches()[n].category == GRAPH_FUSION for n in names)
+    assert names.index("LayerNormFusionPass") < names.index("RMSNormFusionPass")
+    assert names.index("FocusConvFusionPass") < names.index("ConvBatchnormFusionPass")
