@@ -32,6 +32,7 @@ class GroupingConfig:
     max_reductions: int = 2          # reductions (row-resident) in one group
     allow_duplication: bool = True   # duplicate cheap single-op producers into all their consumers
     allow_siblings: bool = True      # merge two consumers of one tensor
+    allow_multi_output: bool = True  # a group may also write a value it consumes inside
     max_sibling_fanout: int = 8      # sibling candidates looked at per shared tensor
     cube_tile_elems: int = 128 * 128  # output elements of one cube tile (fits L0C with fp32 accumulation)
 

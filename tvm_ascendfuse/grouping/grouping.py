@@ -126,7 +126,8 @@ class _Model:
         check = self.capacity(members, outs, ins)
         if not check.fits:
             return None, check
-        out_elems = max((self.nodes[o].out_elems for o in outs), default=1)
+        # tiles cover the largest tensor the group streams (a reduction's input, not its small output)
+        out_elems = max([self.nodes[m].out_elems for m in members] + [v[1] for v in ins.values()])
         if cube:
             tile = min(self.cfg.cube_tile_elems, check.tile_elems)
         elif self.resident_row(members):
@@ -340,9 +341,9 @@ class CostBasedFusionPass(PyPass):
         next_gid = itertools.count(len(nodes))
         group_of = lambda node_idx: groups.get(owner.get(node_idx)) if owner.get(node_idx) is not None else None
 
-        def gcost(members):
+        def gcost(members, copied=()):
             ins = model.inputs(members)
-            outs = model.outputs(members, group_of)
+            outs = [o for o in model.outputs(members, group_of) if o not in copied]
             return model.cost(members, outs, ins), ins, outs
 
         cost_cache: dict = {}
@@ -420,6 +421,8 @@ class CostBasedFusionPass(PyPass):
             if reason:
                 return None, members, detail, reason
             (c, chk), ins, outs = gcost(members)
+            if not cfg.allow_multi_output and len(outs) > 1:
+                return None, members, {"why": "multi-output groups switched off"}, CHECK_FAILED
             if c is None:
                 return None, members, {"needed_bytes": chk.needed_bytes, "available_bytes": chk.available_bytes,
                                        "scope": chk.scope}, UB_OVERFLOW
@@ -560,7 +563,7 @@ class CostBasedFusionPass(PyPass):
             if why or len(members) > cfg.max_ops:
                 return None, members, {"why": why or "max_ops"}, CHECK_FAILED if why else CAP_HIT
             before += cost_of(cg).time_us(target)
-            (cc, chk), ins, _ = gcost(members)
+            (cc, chk), ins, _ = gcost(members, copied=(p,))
             if cc is None:
                 return None, members, {"needed_bytes": chk.needed_bytes, "available_bytes": chk.available_bytes,
                                        "scope": chk.scope}, UB_OVERFLOW
