@@ -48,6 +48,7 @@ class GroupCost:
     uses_cube: bool
     dtype_bytes: int = 4
     launches: int = 1
+    dense_bytes: float = 0.0   # GM bytes without block padding (what the TIR count measures)
 
     def time_us(self, target: AscendTarget) -> float:
         cores = target.cube_cores if self.uses_cube else target.vector_cores

@@ -89,11 +89,13 @@ class _Model:
                 if prod_idx is not None and prod_idx in mset:
                     continue
                 b = n.in_bytes[pos] if pos < len(n.in_bytes) else 0
+                dense = n.traffic.read_bytes[pos] if pos < len(n.traffic.read_bytes) else 0
                 key = a
                 if key in ins:
-                    ins[key] = (max(ins[key][0], b),) + ins[key][1:]
+                    old = ins[key]
+                    ins[key] = (max(old[0], b), old[1], old[2], max(old[3], dense))
                 else:
-                    ins[key] = (b, _elems(a), _dtype(a))
+                    ins[key] = (b, _elems(a), _dtype(a), dense)
         return ins
 
     def producer_of(self, arg):
@@ -119,6 +121,7 @@ class _Model:
     def cost(self, members: list[int], outs: list[int], ins: dict) -> tuple[GroupCost | None, object]:
         nodes = [self.nodes[m] for m in members]
         gm = sum(v[0] for v in ins.values()) + sum(self.nodes[o].out_bytes for o in outs)
+        dense = sum(v[3] for v in ins.values()) + sum(sum(self.nodes[o].traffic.write_bytes) for o in outs)
         vf = sum(n.traffic.vector_flops for n in nodes)
         cf = sum(n.traffic.cube_flops_padded for n in nodes)
         cube = any(n.cube for n in nodes)
@@ -135,7 +138,7 @@ class _Model:
             tile = max(row, (check.tile_elems // row) * row)
         else:
             tile = check.tile_elems
-        return GroupCost(gm, vf, cf, tiles_for(out_elems, tile), cube, dt), check
+        return GroupCost(gm, vf, cf, tiles_for(out_elems, tile), cube, dt, dense_bytes=dense), check
 
     def resident_row(self, members: list[int]) -> int:
         """Row length kept in UB: a vector reduction whose result is consumed inside the group."""
@@ -145,7 +148,7 @@ class _Model:
         return max(rows, default=0)
 
     def capacity(self, members, outs, ins):
-        bufs = [TileBuffer(e, d) for (_, e, d) in ins.values()]
+        bufs = [TileBuffer(v[1], v[2]) for v in ins.values()]
         bufs += [TileBuffer(self.nodes[m].out_elems, self.nodes[m].out_dtype) for m in members]
         row = self.resident_row(members)
         min_tile = row if row else max(1, self.target.ub_align // 4)
@@ -684,7 +687,8 @@ class CostBasedFusionPass(PyPass):
         c = cost_of(g)
         section["groups"].append({
             "name": gv.name_hint, "ops": names, "outputs": len(outs), "inputs": len(ins),
-            "modeled_gm_bytes": int(c.gm_bytes) if c else None, "tiles": c.tiles if c else None,
+            "modeled_gm_bytes": int(c.dense_bytes) if c else None,
+            "modeled_gm_bytes_padded": int(c.gm_bytes) if c else None, "tiles": c.tiles if c else None,
             "modeled_time_us": round(c.time_us(target), 4) if c else None,
             "modeled_time_us_unfused": round(sum(_single_cost(model, m, group_of).time_us(target)
                                                  for m in members if m in g.owner_of), 4)})
