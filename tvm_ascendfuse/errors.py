@@ -21,6 +21,10 @@ class UnsupportedOpError(AscendFuseError):
     """The model uses an operator that the importer or a pass cannot handle."""
 
 
+class PatternCheckError(AscendFuseError):
+    """A pattern's check or working-set function raised instead of answering (a bug in that pattern)."""
+
+
 class UBCapacityError(AscendFuseError):
     """A scheduled kernel needs more on-chip buffer than the target has."""
 
@@ -45,6 +49,7 @@ def _keep_type_across_tvm_ffi() -> None:
         import tvm_ffi
 
         tvm_ffi.register_error("UBCapacityError", UBCapacityError)
+        tvm_ffi.register_error("PatternCheckError", PatternCheckError)
     except (ImportError, AttributeError):
         pass
 

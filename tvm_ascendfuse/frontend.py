@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import onnx
@@ -25,6 +26,11 @@ def load_onnx(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
+        unknown = re.search(r"No Op registered for (\S+) with domain_version of (\d+)", first)
+        if unknown:
+            # An op type the ONNX schema does not know: say so by name, as for ops TVM cannot import.
+            raise UnsupportedOpError(f"ONNX model uses operator '{unknown.group(1)}', which is not an ONNX "
+                                     f"operator at opset {unknown.group(2)}") from None
         raise ModelError(f"ONNX model is malformed: {first}") from None
     if not proto.graph.node:
         raise ModelError("ONNX model has an empty graph")

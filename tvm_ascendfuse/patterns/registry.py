@@ -14,6 +14,7 @@ from typing import Callable, Mapping
 from tvm.relax.dpl import DFPattern
 from tvm.relax.transform import PatternCheckContext
 
+from ..errors import AscendFuseError, PatternCheckError
 from ..target import AscendTarget, current_target_from_tvm, get_target
 
 PREFIX = "ascendfuse"
@@ -56,14 +57,26 @@ def pattern_table() -> list[PatternSpec]:
     return sorted(specs, key=lambda s: (-s.priority, -order[s.name]))
 
 
+def _call(spec: PatternSpec, fn, ctx, target):
+    """A check that raises is a bug in that pattern: fail the build naming it, rather than silently fuse
+    (a wrong answer) or silently skip (the user's pattern never applies and nothing says why)."""
+    try:
+        return fn(ctx, target)
+    except AscendFuseError:
+        raise
+    except Exception as err:
+        what = getattr(fn, "__name__", "check")
+        raise PatternCheckError(f"pattern '{spec.name}': {what} raised {type(err).__name__}: {err}") from None
+
+
 def evaluate(spec: PatternSpec, ctx: PatternCheckContext, target: AscendTarget) -> tuple[str | None, dict]:
     """Run a pattern's checks; returns (reason or None, detail for the report)."""
     for check in spec.checks:
-        reason = check(ctx, target)
+        reason = _call(spec, check, ctx, target)
         if reason:
             return reason, {"check": getattr(check, "__name__", "check")}
     if spec.working_set is not None:
-        need = int(spec.working_set(ctx, target))
+        need = int(_call(spec, spec.working_set, ctx, target))
         if need > target.ub_usable:
             return "ub_overflow", {"bytes_needed": need, "bytes_available": target.ub_usable}
     return None, {}
