@@ -7,7 +7,7 @@ from tvm import relax
 
 from tests.graph_fusion.common import (assert_refused, assert_same_after, assert_switched_off, onnx_model, ops,
                                        run_ort, run_pass)
-from tests.helpers import tol
+from tests.helpers import run_reference, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import ConvBatchnormFusionPass as P
 
@@ -100,3 +100,15 @@ def test_matmul_bn_folds():
     assert (rec.match_times, rec.effect_times) == (1, 1)
     assert ops(out) == ["matmul", "add"]
     assert_same_after(mod, out)
+
+
+def test_dynamic_batch_folds():
+    """A symbolic batch axis does not stop the fold (only the channel count matters)."""
+    model = onnx_conv_bn(True)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    mod = import_onnx(model)
+    out, rec = run_pass(P, mod)
+    assert rec.effect_times == 1 and "nn.batch_norm" not in ops(out)
+    x = RNG.standard_normal((2, 4, 6, 6)).astype("float32")
+    np.testing.assert_allclose(run_reference(out, [x]), run_ort(model, [x]), **tol("float32"))

@@ -7,7 +7,7 @@ from tvm import relax
 
 from tests.graph_fusion.common import (assert_refused, assert_same_after, assert_switched_off, build, onnx_model,
                                        ops, run_ort, run_pass)
-from tests.helpers import tol
+from tests.helpers import run_reference, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import LayerNormFusionPass as P
 
@@ -81,3 +81,14 @@ def test_non_trailing_axis_refused():
 
 def test_mean_used_elsewhere_refused():
     assert_refused(P, build(ln_body(extra=True), (4, 8)), "consumers outside the pattern")
+
+
+def test_dynamic_batch_layer_norm():
+    model = onnx_ln(13)
+    for vi in (model.graph.input[0], model.graph.output[0]):
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    mod = import_onnx(model)
+    out, rec = run_pass(P, mod)
+    assert rec.effect_times == 1 and ops(out) == ["nn.layer_norm"]
+    x = RNG.standard_normal((5, 3, 8)).astype("float32")
+    np.testing.assert_allclose(run_reference(out, [x]), run_ort(model, [x]), **tol("float32"))

@@ -45,6 +45,14 @@ def static_shape(expr) -> tuple[int, ...] | None:
         return None
 
 
+def dims(expr) -> list | None:
+    """Per-axis sizes of a tensor-typed expression, ``None`` for a symbolic axis; None if the rank is unknown."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    return [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape]
+
+
 def dtype_of(expr) -> str | None:
     ty = getattr(expr, "ty", None)
     return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
@@ -276,6 +284,9 @@ class GraphRewritePass(FusionPass):
                 if var not in refused:
                     self.refuse(refusal.reason, var.name, **refusal.detail)
                 refused |= refusal.internal
+                continue
+            except Exception as err:  # noqa: BLE001  a matcher bug must not break compilation: leave alone
+                self.refuse(CHECK_FAILED, var.name, failed=f"matcher error {type(err).__name__}: {err}")
                 continue
             if found is None or found.internal & claimed:
                 continue

@@ -27,6 +27,8 @@ def affine_param(arr: np.ndarray | None, x_shape: tuple, axes: list[int], defaul
     None if it varies along a non-normalised axis or would enlarge the result by broadcasting.
     """
     norm_shape = tuple(x_shape[a] for a in axes)
+    if None in norm_shape:
+        return None
     if arr is None:
         return np.full(norm_shape, default, dtype="float64")
     arr = np.asarray(arr, dtype="float64")
@@ -34,7 +36,7 @@ def affine_param(arr: np.ndarray | None, x_shape: tuple, axes: list[int], defaul
         return None
     padded = (1,) * (len(x_shape) - arr.ndim) + tuple(arr.shape)
     for i, d in enumerate(padded):
-        if d != 1 and (i not in axes or d != x_shape[i]):
+        if d != 1 and (i not in axes or d != x_shape[i]):   # x_shape[i] is None for a symbolic axis
             return None
     full = np.broadcast_to(arr.reshape(padded), tuple(x_shape[i] if i in axes else 1 for i in range(len(x_shape))))
     return np.ascontiguousarray(full.reshape(norm_shape))

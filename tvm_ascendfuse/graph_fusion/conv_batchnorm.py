@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax
 
 from ..switches import GRAPH_FUSION, register_switch
-from ._graph import FunctionGraph, GraphRewritePass, Refusal, Rewrite, make_const, op_name, static_shape
+from ._graph import FunctionGraph, GraphRewritePass, Refusal, Rewrite, dims, make_const, op_name
 
 NAME = register_switch("ConvBatchnormFusionPass", GRAPH_FUSION,
                        "fold inference BatchNorm into the preceding conv2d/matmul weights and bias")
@@ -71,35 +71,41 @@ class ConvBatchnormFusionPass(GraphRewritePass):
             return None
         detail = {"producer": kind.split(".")[-1], "bias": bias_expr is not None}
 
-        out_shape = static_shape(data)
-        if out_shape is None:
-            raise Refusal(failed="dynamic shape", **detail)
-        axis = int(bn.attrs.axis) % len(out_shape)
+        def refusal(failed: str) -> Refusal:
+            return Refusal(internal=internal, failed=failed, **detail)
+
+        shape = dims(data)
+        if shape is None:
+            raise refusal("output rank unknown")
+        axis = int(bn.attrs.axis) % len(shape)
         if kind == "relax.nn.conv2d":
             attrs = producer.attrs
             layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
             if layouts != ("NCHW", "OIHW", "NCHW") or axis != 1:
-                raise Refusal(failed=f"layouts {layouts} / BN axis {axis} not NCHW/OIHW/axis 1", **detail)
-        elif axis != len(out_shape) - 1:
-            raise Refusal(failed=f"BN axis {axis} is not the matmul's output-feature axis", **detail)
+                raise refusal(f"layouts {layouts} / BN axis {axis} not NCHW/OIHW/axis 1")
+        elif axis != len(shape) - 1:
+            raise refusal(f"BN axis {axis} is not the matmul's output-feature axis")
 
         weight = graph.const(producer.args[1])
         if weight is None:
-            raise Refusal(failed="weights not constant", **detail)
+            raise refusal("weights not constant")
         if kind == "relax.matmul" and weight.ndim != 2:
-            raise Refusal(failed=f"matmul weight has rank {weight.ndim}, expected 2", **detail)
+            raise refusal(f"matmul weight has rank {weight.ndim}, expected 2")
         params = [graph.const(p) for p in bn.args[1:5]]
         if any(p is None for p in params):
-            raise Refusal(failed="batch_norm parameters not constant", **detail)
-        channels = out_shape[axis]
+            raise refusal("batch_norm parameters not constant")
+        channels = int(np.asarray(params[0]).size)
+        if weight.shape[0 if kind == "relax.nn.conv2d" else 1] != channels:
+            raise refusal(f"weight shape {weight.shape} does not match {channels} BN channels")
+        out_shape = tuple(channels if i == axis else 1 for i in range(len(shape)))   # bias may only vary on axis
         gamma, beta, mean, var_ = (_channel_bias(p, (channels,), 0) for p in params)
         if any(p is None for p in (gamma, beta, mean, var_)):
-            raise Refusal(failed="batch_norm parameters are not per-channel vectors", **detail)
+            raise refusal("batch_norm parameters are not per-channel vectors")
         bias = np.zeros(channels)
         if bias_expr is not None:
             bias = _channel_bias(graph.const(bias_expr), out_shape, axis)
             if bias is None:
-                raise Refusal(failed="bias is not a per-channel constant", **detail)
+                raise refusal("bias is not a per-channel constant")
 
         if not bool(bn.attrs.scale):
             gamma = np.ones(channels)

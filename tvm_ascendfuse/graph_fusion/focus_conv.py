@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax
 
 from ..switches import GRAPH_FUSION, register_switch
-from ._graph import GraphRewritePass, Refusal, Rewrite, int_list, make_const, op_name, static_shape
+from ._graph import GraphRewritePass, Refusal, Rewrite, int_list, make_const, static_shape
 
 NAME = register_switch("FocusConvFusionPass", GRAPH_FUSION,
                        "YOLOv5 Focus (4 strided slices + concat + conv) -> one stride-2 conv")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from tvm import relax
 
 from ..switches import GRAPH_FUSION, register_switch
-from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, make_const, op_name, static_shape
+from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, dims, make_const, op_name
 from ._norm import affine_param, keepdims_axes, trailing
 
 NAME = register_switch("LayerNormFusionPass", GRAPH_FUSION,
@@ -68,9 +68,9 @@ class LayerNormFusionPass(GraphRewritePass):
         if sq.coef != 1.0 or sq.consts or sq.atoms != {d: 2}:
             return None
         internal |= prod.internal | sq.internal | {d, sub.args[1], ve, var_expr}
-        x_shape = static_shape(x)
+        x_shape = dims(x)
         if x_shape is None:
-            raise Refusal(internal=internal, failed="dynamic shape")
+            raise Refusal(internal=internal, failed="input rank unknown")
         ndim = len(x_shape)
         axes = keepdims_axes(mu, ndim)
         if axes is None or axes != keepdims_axes(variance, ndim) or not trailing(axes, ndim):

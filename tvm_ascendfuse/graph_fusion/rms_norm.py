@@ -14,7 +14,7 @@ from __future__ import annotations
 from tvm import relax
 
 from ..switches import GRAPH_FUSION, register_switch
-from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, make_const, op_name, static_shape
+from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, dims, make_const, op_name
 from ._norm import affine_param, keepdims_axes, trailing
 
 NAME = register_switch("RMSNormFusionPass", GRAPH_FUSION,
@@ -49,13 +49,13 @@ class RMSNormFusionPass(GraphRewritePass):
         if sq.coef != 1.0 or sq.consts or sq.atoms != {x: 2}:
             return None
         internal = prod.internal | sq.internal | {ve, ms_expr}
-        x_shape = static_shape(x)
+        x_shape = dims(x)
         if x_shape is None:
-            raise Refusal(internal=internal, failed="dynamic shape")
+            raise Refusal(internal=internal, failed="input rank unknown")
         ndim = len(x_shape)
         axes = keepdims_axes(ms, ndim)
         if not trailing(axes, ndim):
-            raise Refusal(internal=internal, failed=f"reduction axes {axes} are not trailing axes with keepdims")
+            raise Refusal(internal=internal, failed=f"reduction axes {axes} are not trailing axes (keepdims)")
         scale = prod.const_factor()
         gamma = affine_param(prod.coef * (scale if scale is not None else 1.0), x_shape, axes, 1.0)
         if gamma is None:

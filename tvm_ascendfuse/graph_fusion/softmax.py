@@ -12,7 +12,7 @@ from __future__ import annotations
 from tvm import relax
 
 from ..switches import GRAPH_FUSION, register_switch
-from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, op_name, static_shape
+from ._graph import GraphRewritePass, Refusal, Rewrite, dims, flatten_product, op_name
 from ._norm import keepdims_axes
 
 NAME = register_switch("SoftmaxFusionPass", GRAPH_FUSION, "recognise exp(x - max) / sum(exp(...)) as softmax")
@@ -39,9 +39,9 @@ class SoftmaxFusionPass(GraphRewritePass):
         if exp is None or total is None or not total.args[0].same_as(e_var):
             return None
         x, internal = exp.args[0], prod.internal | {e_var, s_var}
-        shape = static_shape(x)
+        shape = dims(x)
         if shape is None:
-            raise Refusal(failed="dynamic shape")
+            raise Refusal(internal=internal, failed="input rank unknown")
         axes = keepdims_axes(total, len(shape))
         sub = graph.call(x, "relax.subtract")
         if sub is not None:
@@ -50,5 +50,5 @@ class SoftmaxFusionPass(GraphRewritePass):
                 internal |= {x, sub.args[1]}
                 x = sub.args[0]
         if axes is None or len(axes) != 1:
-            raise Refusal(failed=f"sum over axes {axes} is not one axis with keepdims")
+            raise Refusal(internal=internal, failed=f"sum over axes {axes} is not one axis with keepdims")
         return Rewrite(var, relax.op.nn.softmax(x, axes[0]), internal, {"axis": axes[0]})
