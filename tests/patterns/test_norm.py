@@ -46,14 +46,26 @@ def test_layer_norm_feeding_two_matmuls_is_refused():
 
 
 def test_layer_norm_matmul_ub_overflow():
-    """cube_m rows of a 4096-wide fp32 LayerNorm, double-buffered, do not fit 184 KiB of UB."""
-    k = 4096
+    """One 8192-wide fp32 row (input, normalised, gamma, beta), double-buffered, does not fit 184 KiB
+    (16 such rows still fit the 512 KiB L1)."""
+    k = 8192
     mod = build([("x", (16, k), "float32")], lambda bb, x: bb.emit(relax.op.matmul(
         bb.emit(relax.op.nn.layer_norm(x, const((k,)), const((k,)), axes=[-1])), const((k, 16)))))
     result = assert_same_numbers(mod)
     recs = [r for r in refusals(result, "TbeLayerNormMatmulFusionPass") if r["reason"] == "ub_overflow"]
     assert recs, result.report.get("TbeLayerNormMatmulFusionPass").to_dict()
-    assert recs[0]["bytes_needed"] > recs[0]["bytes_available"] == 184 * 1024
+    assert recs[0]["bytes_needed"] >= 2 * 4 * k * 4 and recs[0]["bytes_available"] == 184 * 1024
+
+
+def test_layer_norm_matmul_l1_refusal():
+    """16 normalised fp32 rows of 6144 (384 KiB) exceed a 256 KiB L1: refused before the UB count."""
+    from tvm_ascendfuse.target import make_target
+    k = 6144
+    mod = build([("x", (16, k), "float32")], lambda bb, x: bb.emit(relax.op.matmul(
+        bb.emit(relax.op.nn.layer_norm(x, const((k,)), const((k,)), axes=[-1])), const((k, 16)))))
+    result = compile_ours(mod, target=make_target("ascend910b", l1_bytes=256 * 1024))
+    reasons = [r.get("failed", "") for r in refusals(result, "TbeLayerNormMatmulFusionPass")]
+    assert any("of L1" in r for r in reasons), reasons
 
 
 def test_layer_norm_matmul_symbolic_batch_and_seq():

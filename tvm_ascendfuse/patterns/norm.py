@@ -1,8 +1,8 @@
 """Normalisations fused with their neighbours.
 
 * LayerNorm feeding a linear layer (TbeLayerNormMatmulFusionPass): the normalised rows are the cube's left
-  operand, so they never go back to GM. One tile needs cube_m full rows (a fractal block spans cube_m rows
-  and every k-block needs the row statistics).
+  operand, so they never go back to GM. The vector unit normalises one full row at a time in UB and stages
+  it in L1 until a fractal block of cube_m rows is complete: UB holds one row, L1 holds cube_m rows.
 * residual add + LayerNorm / RMSNorm (TbeAddLayerNormFusionPass, TbeAddRmsNormFusionPass): the sum row is
   normalised while it is in UB. The sum may also be used later (pre-norm transformers add it to the next
   block's output): the group then returns it as a second output, as CANN's AddLayerNorm does.
@@ -14,7 +14,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ..switches import UB_FUSION, register_switch
 from .activations import activation
-from .checks import (dims, float_dtypes, known_shapes, min_rank, norm_axes, private_except,
+from .checks import (dims, dtype_bytes, float_dtypes, known_shapes, min_rank, norm_axes, private_except,
                      private_intermediates, static_axes, tensor_type)
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_cube_blocks, add_epilogue, cube_out_tile, row_tile
@@ -47,18 +47,19 @@ def normalises_k_axis(ctx, target) -> "str | None":
 
 
 def layer_norm_matmul_working_set(ctx, target) -> int:
-    """cube_m full rows of the input and of the normalised operand, gamma/beta rows, then one cube step and
-    the epilogue on one output block."""
+    """The vector unit normalises one full row at a time (input row, normalised row, gamma, beta, row
+    statistics) and stages it into the cube's left-operand buffer; then one cube step and the epilogue on one
+    output block."""
     ln, mm = ctx.annotated_expr["norm"], ctx.annotated_expr["matmul"]
     x = ln.args[0]
     k = dims(x)[-1]
     dtype = tensor_type(x).dtype
     budget = Budget(target)
-    budget.add("ln.in", target.cube_m * k, dtype)
-    budget.add("ln.out", target.cube_m * k, tensor_type(ctx.value_to_bound_var[ln]).dtype)
+    budget.add("ln.in", k, dtype)
+    budget.add("ln.out", k, tensor_type(ctx.value_to_bound_var[ln]).dtype)
     budget.add("ln.gamma", k, tensor_type(ln.args[1]).dtype)
     budget.add("ln.beta", k, tensor_type(ln.args[2]).dtype)
-    budget.add("ln.stats", 2 * target.cube_m, "float32")
+    budget.add("ln.stats", 2, "float32")
     add_cube_blocks(budget, dtype, tensor_type(mm.args[1]).dtype, target, "matmul")
     mm_var = ctx.value_to_bound_var[mm]
     budget.add("matmul.out", target.cube_m * target.cube_n, tensor_type(mm_var).dtype)
@@ -66,7 +67,18 @@ def layer_norm_matmul_working_set(ctx, target) -> int:
     return budget.total()
 
 
+def operand_rows_fit_l1(ctx, target) -> "str | None":
+    """The cube consumes cube_m normalised rows at once; they wait in L1 (not UB) until the block is full."""
+    ln = ctx.annotated_expr["norm"]
+    k = dims(ln.args[0])[-1]
+    need = target.align_up(target.cube_m * k * dtype_bytes(tensor_type(ctx.value_to_bound_var[ln]).dtype), "l1")
+    if need > target.l1_bytes:
+        return f"{target.cube_m} normalised rows of {k} need {need} bytes of L1, have {target.l1_bytes}"
+    return None
+
+
 LN_MATMUL_CHECKS = (float_dtypes, known_shapes, static_axes("norm", norm_axes, "layer_norm"), normalises_k_axis,
+                    operand_rows_fit_l1,
                     min_rank("rhs", 2, "matmul right operand"), private_intermediates)
 
 LN_MATMUL_VARIANTS = (
