@@ -15,7 +15,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from ..target import AscendTarget
 
 __all__ = ["block_infos", "buffer_bytes", "extent", "host_of", "num_cores", "vector_lanes", "vector_width_for",
-           "tile_elements", "is_output_block", "try_", "ok", "root_blocks", "innermost_vector"]
+           "tile_elements", "is_output_block", "try_", "ok", "loops_through", "root_blocks", "innermost_vector"]
 
 
 def host_of(host):
@@ -102,6 +102,19 @@ def try_(step, *args, **kwargs):
         return None
 
 
+def loops_through(sch: s_tir.Schedule, block, info, n_iters: int):
+    """The block's loops from the outermost down to the loop of its ``n_iters``-th non-unit iterator
+    (normalised infos skip unit dims; the loop nest still has them)."""
+    loops = sch.get_loops(block)
+    if n_iters <= 0:
+        return []
+    target_loop = sch.get(info.iters[n_iters - 1].loop_rv)
+    for pos, loop in enumerate(loops):
+        if sch.get(loop).same_as(target_loop):
+            return loops[:pos + 1]
+    return loops[:n_iters]
+
+
 def ok(step, *args, **kwargs) -> bool:
     """Like ``try_`` for primitives that return nothing: True when the step was applied."""
     try:
@@ -114,8 +127,8 @@ def ok(step, *args, **kwargs) -> bool:
 def innermost_vector(sch: s_tir.Schedule, block, lanes: int) -> None:
     """Vectorise the innermost loop of a block by the widest legal width (no-op when none)."""
     loops = sch.get_loops(block)
-    if not loops:
-        return
+    if not loops or not isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize):
+        return          # the innermost loop also runs other blocks (an anchor loop): never vectorise it
     inner = loops[-1]
     v = vector_width_for(extent(sch, inner), lanes)
     if v < 2:

@@ -46,6 +46,8 @@ def tile_injective(sch: s_tir.Schedule, block, target: AscendTarget, host, stage
     align = max(1, target.ub_align // out_bytes, lanes)
     budget = max(align, (target.ub_usable // (copies * per_elem)) // align * align - align)
 
+    # A tile of symbolic length would need a symbolic UB buffer (no NPU allocator takes one): stream it.
+    stage = stage and extent(sch, loops[-1]) is not None
     work = sch.cache_write(block, 0, UB_SCOPE) if stage else None
     anchor = block if work is None else sch.get_consumers(block)[0]
     loops = sch.get_loops(anchor)

@@ -14,11 +14,12 @@ import re
 
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
 from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, num_cores, root_blocks,
-                     ok, try_, vector_lanes, vector_width_for)
+                     loops_through, ok, try_, vector_lanes, vector_width_for)
 
 MIN_PARALLEL_ELEMENTS = 16384
 
@@ -47,12 +48,15 @@ def is_contraction(sch: s_tir.Schedule, block) -> bool:
     svars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     if not rvars:
         return False
+    rset = {id(v): v for v in rvars}
+    sset = {id(v): v for v in svars}
     used = []
     for region in stmt.reads:
-        text = str(region.region)
-        names = {v.name for v in rvars + svars if re.search(rf"\b{re.escape(v.name)}\b", text)}
-        if any(v.name in names for v in rvars):
-            used.append({n for n in names if n in {v.name for v in svars}})
+        names = set()
+        for r in region.region:
+            names |= {v.name for v in collect_vars_used_in_prim_expr(r.min)}
+        if names & {v.name for v in rset.values()}:
+            used.append(names & {v.name for v in sset.values()})
     for a in used:
         for b in used:
             if a - b and b - a:
@@ -100,7 +104,7 @@ class ReductionRule(ScheduleRule):
             full_row = len(info.dom()) > nrow
             if len(consumers) > 1 and full_row:
                 staged.append(info.block_rv)
-            elif try_(sch.compute_inline, info.block_rv) is None and full_row:
+            elif not ok(sch.compute_inline, info.block_rv) and full_row:
                 staged.append(info.block_rv)
 
         # Does one row fit? inputs + staged rows + output, double-buffered.
@@ -122,9 +126,7 @@ class ReductionRule(ScheduleRule):
             if not info.is_reduction():
                 continue
             blk = info.block_rv
-            loops = sch.get_loops(blk)
-            ns = _leading_s(info.dom_kind())
-            rloops = loops[ns:]
+            rloops = [it.loop_rv for it in info.iters if it.kind == "R"]
             r = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
             ext = extent(sch, r)
             v = vector_width_for(ext, lanes)
@@ -141,8 +143,10 @@ class ReductionRule(ScheduleRule):
         # 3. everything at the row loop of the last block.
         blocks = root_blocks(sch)
         last_blk = blocks[-1]
-        loops = sch.get_loops(last_blk)
-        row = sch.fuse(*loops[:nrow]) if nrow > 1 else loops[0]
+        if not sch.get(last_blk).name_hint == sch.get(last.block_rv).name_hint:
+            return None
+        row_loops = loops_through(sch, last_blk, last, nrow)
+        row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
         for blk in reversed(blocks[:-1]):
             sch.compute_at(blk, row, preserve_unit_loops=True)
         total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems

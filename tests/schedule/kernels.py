@@ -1,0 +1,90 @@
+"""Fused PrimFuncs for rule tests, built the way the pipeline builds them (Primitive group -> LegalizeOps ->
+FuseTIR), and a check that a rule's schedule computes what the unscheduled kernel computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from tests.helpers import tol
+from tvm_ascendfuse.target import get_target
+
+# Portable x86-64 (4 fp32 lanes) keeps tests independent of this machine; ``NATIVE`` exercises AVX-512 widths.
+HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+NATIVE = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+NPU = get_target("ascend910b")
+
+
+def fused_kernel(build, shapes, dtype="float32", name="fused_group") -> tirx.PrimFunc:
+    """One PrimFunc computing ``build(*params)``; shapes may hold ``tirx.Var`` for symbolic dims."""
+    bb = relax.BlockBuilder()
+    ps = [relax.Var(f"p{i}", relax.TensorType(s, dtype)) for i, s in enumerate(shapes)]
+    vs = [relax.Var(f"x{i}", relax.TensorType(s, dtype)) for i, s in enumerate(shapes)]
+    with bb.function(name, ps, attrs={"Primitive": True}, private=True):
+        with bb.dataflow():
+            out = bb.emit_output(build(*ps))
+        bb.emit_func_output(out)
+    gv = bb.get().get_global_var(name)
+    with bb.function("main", vs):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Call(gv, vs))
+        bb.emit_func_output(out)
+    mod = relax.transform.FuseTIR()(relax.transform.LegalizeOps()(bb.get()))
+    funcs = [f for _, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+    assert len(funcs) == 1, "the group must become one kernel"
+    return funcs[0].with_attr("global_symbol", "main")
+
+
+def attention_kernel(b=1, h=2, s=32, d=16, mask="full", dtype="float32", sq=None) -> tirx.PrimFunc:
+    """softmax(Q·Kᵀ·scale (+ mask))·V with the K transpose inside the group (the attention pattern's form).
+    ``mask``: None, "full" (one [s, s] mask for all heads) or "causal" (a -inf upper triangle, as LLaMA)."""
+    from tvm.relax import op
+
+    sq = sq or s
+    shapes = [(b, h, sq, d), (b, h, s, d), (b, h, s, d)]
+
+    def build(q, k, v):
+        sc = op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])),
+                         relax.const(np.array(1 / np.sqrt(d), dtype)))
+        if mask == "full":
+            sc = op.add(sc, relax.const(np.random.default_rng(1).standard_normal((1, 1, sq, s)).astype(dtype)))
+        elif mask == "causal":
+            tri = np.triu(np.full((sq, s), np.finfo(dtype).min, dtype), 1)
+            sc = op.add(sc, relax.const(tri.reshape(1, 1, sq, s)))
+        return op.matmul(op.nn.softmax(sc, -1), v)
+
+    return fused_kernel(build, shapes, dtype, "fused_attention")
+
+
+def _concrete(shape, sizes):
+    return [int(sizes.get(d.name, 0)) if isinstance(d, tirx.Var) else int(d) for d in shape]
+
+
+def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=NPU, expect=True):
+    """Schedule ``func`` with ``rule``; its outputs must match TVM's default build of the unscheduled kernel.
+    ``sizes`` binds symbolic dims by name. Returns the scheduled module."""
+    from tvm_ascendfuse.schedule.fast_math import use_fast_math
+
+    sch = rule.apply(use_fast_math(func), target, host)
+    if not expect:
+        assert sch is None, f"{rule.name} should decline this kernel"
+        return None
+    assert sch is not None, f"{rule.name} declined the kernel"
+    rng = np.random.default_rng(seed)
+    sizes = sizes or {}
+    arrays = []
+    for p in func.params:
+        shape = _concrete(p.ty.shape, sizes)
+        dtype = str(p.ty.dtype)
+        arrays.append(rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
+                      else rng.integers(0, max(1, min(shape or [1])), shape).astype(dtype))
+    ref = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    ours = tvm.compile(sch.mod, target=host)
+    a = [tvm.runtime.tensor(x) for x in arrays]
+    b = [tvm.runtime.tensor(x.copy()) for x in arrays]
+    ref["main"](*a)
+    ours["main"](*b)
+    dtype = str(func.params[-1].ty.dtype)
+    np.testing.assert_allclose(b[-1].numpy().astype("float64"), a[-1].numpy().astype("float64"), **tol(dtype))
+    return sch.mod

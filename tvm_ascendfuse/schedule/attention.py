@@ -1,0 +1,217 @@
+"""Attention in one kernel: softmax(Q·Kᵀ·scale + mask)·V, row-blocked so a block of scores stays in UB.
+
+The kernel is walked per (batch·head, block of query rows). For one block, the score rows (rb × Sk), their
+exponentials and probabilities live in ``local.UB`` together with the head's Kᵀ when the kernel transposes K
+itself; the two contractions run as register-friendly loops (reduction outside, the contiguous output axis
+innermost and vectorised) and the softmax row reductions are vectorised through ``rfactor``. rb is the
+largest power of two whose working set, doubled for double buffering, fits usable UB. The blocks run in
+parallel over the host's cores.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
+
+from ..target import AscendTarget
+from .base import UB_SCOPE, ScheduleRule
+from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
+                     num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
+from .reduction import ReductionRule, _get_realize, _leading_s, is_contraction
+
+
+def _loops_by_iter(sch, block):
+    """{iter index: the innermost loop its binding uses} for the block's loops (tile loops included)."""
+    realize = _get_realize(sch, block)
+    loops = sch.get_loops(block)
+    names = [sch.get(l).loop_var.name for l in loops]
+    out = {}
+    for idx, val in enumerate(realize.iter_values):
+        used = {v.name for v in collect_vars_used_in_prim_expr(val)}
+        hits = [i for i, n in enumerate(names) if n in used]
+        if hits:
+            out[idx] = loops[hits[-1]]
+    return out
+
+
+def is_cheap(sch, block) -> bool:
+    """A stage worth recomputing in each consumer: plain arithmetic, no calls or let-bound polynomials."""
+    found = []
+    tvm_ffi.structural_walk(sch.get(block).body,
+                            ((tvm.ir.expr.Call, tirx.Let), lambda e: found.append(e)))
+    return not found
+
+
+def schedule_contraction(sch, block, lanes: int, unroll_cap: int = 8) -> None:
+    """C[.., i, j] += A[.., i, k] * B[.., k, j] under its tile loop: order (i, k, j) with j innermost,
+    split into unrolled vectors so LLVM keeps one output row's partial sums in registers."""
+    stmt = sch.get(block)
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    red = [i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce]
+    spatial = [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar]
+    if len(red) != 1 or len(spatial) < 2:
+        return
+    by_iter = _loops_by_iter(sch, block)
+    i_loop, j_loop, k_loop = by_iter.get(spatial[-2]), by_iter.get(spatial[-1]), by_iter.get(red[0])
+    if i_loop is None or j_loop is None or k_loop is None:
+        return
+    ok(sch.reorder, i_loop, k_loop, j_loop)
+    j_ext = extent(sch, j_loop)
+    v = vector_width_for(j_ext, lanes)
+    vec = None
+    if j_ext is not None and v >= 2:
+        if j_ext > v:
+            jo, vec = sch.split(j_loop, [None, v])
+            if j_ext // v <= unroll_cap:
+                ok(sch.unroll, jo)
+        else:
+            vec = j_loop
+        ok(sch.vectorize, vec)
+    init = try_(sch.decompose_reduction, block, k_loop)
+    if init is not None:
+        innermost_vector(sch, init, lanes)
+
+
+class AttentionRule(ScheduleRule):
+    """Two contractions with a row softmax between them (Q·Kᵀ → softmax → ·V), batched over heads."""
+
+    name = "attention"
+
+    def __init__(self):
+        self.note = None
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
+        self.note = None
+        sch = s_tir.Schedule(func)
+        infos = block_infos(sch)
+        if not infos:
+            return None
+        kinds = [b.dom_kind() for b in infos]
+        if any(not re.fullmatch(r"S+R*", k) for k in kinds):
+            return None
+        contractions = [i for i, b in enumerate(infos) if b.is_reduction() and is_contraction(sch, b.block_rv)]
+        if len(contractions) != 2:
+            return None
+        i1, i2 = contractions
+        between = infos[i1 + 1:i2]
+        if not any(b.is_reduction() for b in between):
+            return None                       # no softmax between the two products: not attention
+        c1, c2 = infos[i1], infos[i2]
+        n_s2 = _leading_s(c2.dom_kind())
+        n_s1 = _leading_s(c1.dom_kind())
+        if n_s2 < 2 or n_s1 != n_s2:
+            return None
+        nb = n_s2 - 2                         # batch (and head) axes
+        sk = c1.dom()[nb + 1]
+        d_out = c2.dom()[nb + 1]
+        if not isinstance(sk, int):
+            return None                       # score rows of unknown length cannot be sized for UB
+        dtype_bytes = buffer_bytes(sch.get(c2.block_rv).writes[0].source)
+        lanes = vector_lanes(host, dtype_bytes * 8)
+
+        # Epilogue after P·V (head merge transposes, casts): folded into its output.
+        for info in infos[i2 + 1:]:
+            if not ok(sch.reverse_compute_inline, info.block_rv):
+                return None
+
+        # Stages between: single-use elementwise (scale, mask) inlined; multi-use rows staged in UB.
+        staged, row_stages = [c1.block_rv], [c1.block_rv]
+        for pos, info in enumerate(infos[:i2]):
+            if info is c1 or info.is_reduction() or is_output_block(sch, info.block_rv):
+                continue
+            blk = info.block_rv
+            consumers = sch.get_consumers(blk)
+            feeds_product = any(is_contraction(sch, c) for c in consumers)
+            if len(consumers) == 1 and not feeds_product and ok(sch.compute_inline, blk):
+                continue
+            if len(consumers) > 1 and not feeds_product and is_cheap(sch, blk) and ok(sch.compute_inline, blk):
+                continue
+            staged.append(blk)
+            if pos > i1:
+                row_stages.append(blk)
+
+        # Row block: scores-like rows (staged stages) + Kᵀ/prologue + output rows, double-buffered.
+        d_static = d_out if isinstance(d_out, int) else 256
+        batch = math.prod(d if isinstance(d, int) else 1 for d in c2.dom()[:nb])
+        head_bytes = sum(_per_head_bytes(sch, b, batch) for b in staged if not any(b.same_as(r) for r in row_stages))
+        row_bytes = sk * 4 * len(row_stages) + d_static * dtype_bytes * 2
+        copies = 2 if target.double_buffer else 1
+        sq = c2.dom()[nb]
+        rb = 1
+        while (rb * 2 <= (sq if isinstance(sq, int) else 64) and rb * 2 <= 64
+               and copies * (head_bytes + rb * 2 * row_bytes) <= target.ub_usable):
+            rb *= 2
+        if copies * (head_bytes + rb * row_bytes) > target.ub_usable:
+            return None
+        cores = num_cores(host)
+        while rb > 4 and isinstance(sq, int) and batch * math.ceil(sq / rb) < 2 * cores:
+            rb //= 2
+        for blk in staged:
+            if not is_output_block(sch, blk):
+                ok(sch.set_scope, blk, 0, UB_SCOPE)
+
+        # Softmax reductions: lane-wide partials (rfactor before compute_at).
+        rf_blocks = []
+        for info in between:
+            if not info.is_reduction() or _gone(sch, info.block_rv):
+                continue
+            blk = info.block_rv
+            ok(sch.set_scope, blk, 0, UB_SCOPE)
+            rloops = [it.loop_rv for it in info.iters if it.kind == "R"]
+            if len(rloops) != 1:
+                continue
+            r = rloops[0]
+            ext = extent(sch, r)
+            v = vector_width_for(ext, lanes)
+            if ext is None or v < 4 or ext < 2 * v:
+                continue
+            _, ki = sch.split(r, [None, v])
+            rf = try_(sch.rfactor, ki, 0)
+            if rf is not None:
+                ok(sch.set_scope, rf, 0, UB_SCOPE)
+                rf_blocks.append(sch.get(rf).name_hint)
+
+        # Tile loop over (batch·head, query block); everything else computed inside it.
+        out_blk = c2.block_rv
+        head_loops = loops_through(sch, out_blk, c2, nb)
+        row = c2.iters[nb].loop_rv
+        head = (sch.fuse(*head_loops) if len(head_loops) > 1 else head_loops[0]) if head_loops else None
+        io, _ = sch.split(row, [None, rb])
+        tile = sch.fuse(head, io) if head is not None else io
+        blocks = root_blocks(sch)
+        for blk in reversed([b for b in blocks if sch.get(b).name_hint != sch.get(out_blk).name_hint]):
+            sch.compute_at(blk, tile, preserve_unit_loops=True)
+        if cores > 1:
+            ok(sch.parallel, tile)
+
+        for blk in ReductionRule._blocks_under(sch, tile):
+            stmt = sch.get(blk)
+            name = stmt.name_hint
+            if name in rf_blocks:
+                ReductionRule._vectorize_rf(sch, blk)
+            elif any(iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.iter_vars):
+                if is_contraction(sch, blk):
+                    schedule_contraction(sch, blk, lanes)
+            else:
+                innermost_vector(sch, blk, lanes)
+        return sch
+
+
+def _gone(sch, block) -> bool:
+    try:
+        sch.get(block)
+        return False
+    except Exception:  # noqa: BLE001 - inlined blocks no longer resolve
+        return True
+
+
+def _per_head_bytes(sch, block, batch: int) -> int:
+    """Bytes of one head's share of a stage's buffer (its whole buffer over the batch·head count)."""
+    buf = sch.get(block).writes[0].source
+    dims = [int(d) if isinstance(d, tirx.IntImm) else 256 for d in buf.shape]
+    return math.prod(dims) * buffer_bytes(buf) // max(1, batch)
