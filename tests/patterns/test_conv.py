@@ -130,3 +130,49 @@ def test_nhwc_is_refused():
     result = assert_same_numbers(mod)
     reasons = [r.get("failed", "") for r in refusals(result, "TbeConvElemwiseFusionPass")]
     assert any("NHWC" in r for r in reasons), reasons
+
+
+def onnx_conv(act_nodes, inits=()):
+    """Conv(+bias) followed by ``act_nodes`` (input 'c', output 'y'), imported by our ONNX frontend."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_ascendfuse.frontend import import_onnx
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype("float32"), "W")
+    b = numpy_helper.from_array(rng.standard_normal(8).astype("float32"), "B")
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1])] + act_nodes
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])],
+                              [w, b, *inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return import_onnx(model)
+
+
+def test_onnx_clip_relu6_is_one_kernel():
+    """ONNX Clip(0, 6) imports as call_tir(minimum, (call_tir(maximum, (x, 0)), 6))."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    lo, hi = (numpy_helper.from_array(np.array(v, "float32"), n) for n, v in (("lo", 0), ("hi", 6)))
+    mod = onnx_conv([helper.make_node("Clip", ["c", "lo", "hi"], ["y"])], [lo, hi])
+    assert_fused(mod, "ascendfuse.conv2d.bias_act")
+
+
+@pytest.mark.parametrize("op", ["HardSwish", "HardSigmoid", "LeakyRelu"])
+def test_onnx_activation_forms_are_one_kernel(op):
+    from onnx import helper
+    assert_fused(onnx_conv([helper.make_node(op, ["c"], ["y"])]), "ascendfuse.conv2d.bias_act")
+
+
+def test_other_te_call_is_not_taken_for_a_clamp():
+    """A call_tir(PrimFunc, (x, const)) that is not maximum/minimum must not pass as relu6."""
+    from tvm import topi
+
+    def body(bb, x, w):
+        y = bias(bb, conv(bb, x, w))
+        return bb.emit_te(topi.subtract, bb.emit_te(topi.multiply, y, relax.const(2.0)), relax.const(1.0))
+    result = assert_same_numbers(build([X, W], body))
+    reasons = [r.get("failed", "") for r in refusals(result, "TbeConvElemwiseFusionPass")]
+    assert any("not an elementwise maximum/minimum" in r for r in reasons), reasons

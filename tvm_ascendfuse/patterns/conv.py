@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm.relax.dpl import is_op, is_tuple_get_item, wildcard
 
 from ..switches import UB_FUSION, register_switch
-from .activations import activation
+from .activations import activation, te_clamp_only
 from .checks import dims, float_dtypes, group_calls, known_shapes, op_name, private_intermediates, tensor_type
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_cube_blocks, add_epilogue, clamp
@@ -72,7 +72,7 @@ def conv_working_set(ctx, target) -> int:
     return budget.total()
 
 
-CHECKS = (float_dtypes, known_shapes, nchw_layout, batch_norm_inference, private_intermediates)
+CHECKS = (float_dtypes, known_shapes, nchw_layout, batch_norm_inference, private_intermediates, te_clamp_only)
 
 # (variant, builder from the conv pattern to the whole chain, priority, description). Longer chains first.
 VARIANTS = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm.relax.dpl import is_op, wildcard
 
 from ..switches import UB_FUSION, register_switch
-from .activations import activation
+from .activations import activation, te_clamp_only
 from .checks import dims, float_dtypes, known_shapes, min_rank, private_intermediates, tensor_type
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_cube_blocks, add_epilogue, cube_out_tile
@@ -37,7 +37,7 @@ def matmul_working_set(ctx, target) -> int:
 
 
 CHECKS = (float_dtypes, known_shapes, min_rank("lhs", 2, "matmul left operand"),
-          min_rank("rhs", 2, "matmul right operand"), private_intermediates)
+          min_rank("rhs", 2, "matmul right operand"), private_intermediates, te_clamp_only)
 
 VARIANTS = (
     ("bias_act_residual", lambda m: _add(activation(_add(m))), 140, "matmul + bias + activation + residual add"),
