@@ -60,3 +60,29 @@ def test_part_without_producer_refused():
 def test_broadcasting_const_refused():
     mod = build(chain(scale_shape=(2, 6, 1, 1)), (1, 3, 6, 6), (1, 2, 6, 6))
     assert_refused(P, mod, "larger shape")
+
+
+def bn_on_concat(bb, x, y, training=False):
+    a, b = parts(bb, x, y)
+    cat = bb.emit(relax.op.concat([a, b], axis=1))
+    n = 6
+    p = [relax.const(v) for v in (RNG.random(n, "float32") + .5, RNG.standard_normal(n).astype("float32"),
+                                  RNG.standard_normal(n).astype("float32"), RNG.random(n, "float32") + .5)]
+    bn = bb.emit(relax.op.nn.batch_norm(cat, *p, axis=1, training=training))
+    return relax.op.nn.leakyrelu(bb.emit(relax.TupleGetItem(bn, 0)), 0.1)
+
+
+def test_split_batch_norm_then_activation():
+    """BN(concat) -> concat(BN(part)) with per-part parameter slices; then the activation moves too."""
+    mod = build(bn_on_concat, (1, 3, 6, 6), (1, 2, 6, 6))
+    out, rec = run_pass(P, mod)
+    assert (rec.match_times, rec.effect_times) == (2, 2)
+    names = ops(out)
+    assert names.count("nn.batch_norm") == 2 and names.count("nn.leakyrelu") == 2 and names[-1] == "concat"
+    assert_same_after(mod, out)
+
+
+def test_split_training_batch_norm_not_a_match():
+    mod = build(lambda bb, x, y: bn_on_concat(bb, x, y, training=True), (1, 3, 6, 6), (1, 2, 6, 6))
+    out, rec = run_pass(P, mod)
+    assert rec.match_times == 0 and out.same_as(mod)

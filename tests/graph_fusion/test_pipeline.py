@@ -91,3 +91,26 @@ def test_every_pass_is_listed_and_switchable():
     assert all(known_switches()[n].category == GRAPH_FUSION for n in names)
     assert names.index("LayerNormFusionPass") < names.index("RMSNormFusionPass")
     assert names.index("FocusConvFusionPass") < names.index("ConvBatchnormFusionPass")
+    assert names.index("ConcatSplitFusionPass") < names.index("ConvBatchnormFusionPass")
+
+
+def csp_tail():
+    """Two 1x1 convs of one input, Concat, BatchNorm, LeakyRelu (YOLOv4 CSP block tail)."""
+    inits = {"Wa": RNG.standard_normal((4, 3, 1, 1)).astype("float32"),
+             "Wb": RNG.standard_normal((4, 3, 1, 1)).astype("float32"),
+             "g": RNG.random(8, "float32") + .5, "b": RNG.standard_normal(8).astype("float32"),
+             "m": RNG.standard_normal(8).astype("float32"), "v": RNG.random(8, "float32") + .5}
+    nodes = [N("Conv", ["x", "Wa"], ["ca"]), N("Conv", ["x", "Wb"], ["cb"]), N("Concat", ["ca", "cb"], ["cat"], axis=1),
+             N("BatchNormalization", ["cat", "g", "b", "m", "v"], ["n"]), N("LeakyRelu", ["n"], ["y"], alpha=0.1)]
+    return import_onnx(onnx_model(nodes, {"x": (1, 3, 8, 8)}, {"y": (1, 8, 8, 8)}, inits))
+
+
+def test_csp_split_then_fold():
+    """BN and the activation move onto the concat's parts; BN folds into both convs."""
+    result = assert_same_numbers(csp_tail())
+    assert counts(result, "ConcatSplitFusionPass") == (2, 2)
+    assert counts(result, "ConvBatchnormFusionPass") == (2, 2)
+    kernels = result.report.kernels
+    assert not any("batch_norm" in k["ops"] for k in kernels)
+    conv_act = [k for k in kernels if k["ops"][0] == "conv2d" and "leaky_relu" in k["ops"]]
+    assert sum(k["launches"] for k in conv_act) == 2, kernels      # conv + bias + act, once per part

@@ -2,18 +2,18 @@
 
 ``GRAPH_FUSION_PASSES`` lists them in the order the pipeline runs them, and the order matters:
 
-1. ``FocusConvFusionPass`` first: it replaces the Focus conv by a new stride-2 conv, so any BatchNorm
-   after it is later folded into *that* conv (folding first would leave it on the conv about to vanish,
-   which still works but is the longer way round).
+1. ``FocusConvFusionPass`` first: it replaces the Focus conv by a new stride-2 conv, so a BatchNorm after
+   it is later folded into *that* conv.
 2. ``ConvBiasAddFusionPass`` / ``MatMulBiasAddFusionPass``: turn bias reshapes, swapped operands, chains of
    constant adds and ``permute_dims`` of constant weights (ONNX Gemm) into ``op(x, W_const) + b_const``, so
    that BN folding sees a constant weight and one constant bias.
-3. ``ConvBatchnormFusionPass``: fold inference BN into those weights/biases.
-4. The recognitions, ``LayerNormFusionPass`` before ``RMSNormFusionPass`` (the inner part of a decomposed
+3. The recognitions, ``LayerNormFusionPass`` before ``RMSNormFusionPass`` (the inner part of a decomposed
    LayerNorm, ``d / sqrt(mean(d^2) + eps) * gamma``, is itself an RMSNorm of ``d``), then GELU, Swish,
-   Softmax (disjoint patterns).
-5. ``ConcatSplitFusionPass`` last, so that it moves the already recognised single ops (gelu, silu) over
-   concats instead of their decompositions.
+   Softmax (disjoint patterns). They come before the split so that it moves single ops (silu, gelu) and
+   not their decompositions (``x * sigmoid(x)`` uses the concat twice, which the split refuses).
+4. ``ConcatSplitFusionPass``: moves elementwise ops and inference BatchNorm from a concat onto its parts.
+5. ``ConvBatchnormFusionPass`` last: it folds every BN now sitting on a conv/matmul, including the ones
+   the split just moved onto the parts of a concat (CSP blocks: ``concat(conv, conv) -> BN -> act``).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
@@ -33,13 +33,13 @@ GRAPH_FUSION_PASSES: list = [
     FocusConvFusionPass,
     ConvBiasAddFusionPass,
     MatMulBiasAddFusionPass,
-    ConvBatchnormFusionPass,
     LayerNormFusionPass,
     RMSNormFusionPass,
     GeluFusionPass,
     SwishFusionPass,
     SoftmaxFusionPass,
     ConcatSplitFusionPass,
+    ConvBatchnormFusionPass,
 ]
 
 __all__ = ["GRAPH_FUSION_PASSES"] + [cls.__name__ for cls in GRAPH_FUSION_PASSES]

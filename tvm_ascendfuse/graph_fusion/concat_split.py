@@ -4,11 +4,18 @@ Rule::
 
     f(concat([a, b, ...], axis))            ->  concat([f(a), f(b), ...], axis)
     g(concat([a, b, ...], axis), c_const)   ->  concat([g(a, c_a), g(b, c_b), ...], axis)   (either operand order)
+    batch_norm(concat([a, b, ...]), P)[0]   ->  concat([batch_norm(a, P_a)[0], batch_norm(b, P_b)[0], ...])
 
 ``f`` is a unary elementwise op (relu, silu, gelu, sigmoid, tanh, exp, clip, leaky_relu, astype, ...),
 ``g`` a binary elementwise op with a constant; ``c_i`` is the slice of ``c`` that lines up with part ``i``
-along ``axis`` (``c`` itself when it does not vary along ``axis``). Exact: an elementwise op commutes
-with concatenation, element by element.
+along ``axis`` (``c`` itself when it does not vary along ``axis``); for an inference ``batch_norm``
+(constant parameters) ``P_i`` are the parameter slices of part ``i``'s channels when the BN axis is the
+concat axis, else the whole parameters. Exact: each of these ops computes every output element from
+the same-position input element (and per-channel constants), so it commutes with concatenation.
+
+The BN case is why this pass runs before ConvBatchnormFusionPass: ``concat(conv_a, conv_b) -> BN ->
+act`` (CSP blocks) becomes ``concat(conv_a' + b_a, conv_b' + b_b)`` after folding, and the activation,
+moved in the next round, fuses into each conv.
 
 Refused (recorded, left alone): the concat has other consumers (it would be computed anyway and the
 op duplicated), or a part is not produced by an op used only by this concat (a function input, a
@@ -43,6 +50,8 @@ class ConcatSplitFusionPass(GraphRewritePass):
 
     def match(self, var, graph):
         call = graph.value(var)
+        if isinstance(call, relax.TupleGetItem):
+            return self._match_batch_norm(var, call, graph)
         name = op_name(call)
         if name in UNARY:
             if any(isinstance(getattr(a, "ty", None), relax.TensorType) for a in call.args[1:]):
@@ -57,29 +66,13 @@ class ConcatSplitFusionPass(GraphRewritePass):
                 return None
         else:
             return None
-        cat_var = call.args[pos]
-        cat = graph.call(cat_var, "relax.concat")
-        if cat is None:
+        found = _concat_parts(graph, call.args[pos], name)
+        if found is None:
             return None
-        parts, internal = cat.args[0], {cat_var}
-        if isinstance(parts, relax.Var):
-            internal.add(parts)
-            parts = graph.value(parts)
-        if not isinstance(parts, relax.Tuple):
-            return None
-        detail = {"op": name.split(".")[-1], "parts": len(parts.fields)}
-        if not graph.single_use(cat_var):
-            raise Refusal(failed="concat has other consumers", **detail)
-        for i, p in enumerate(parts.fields):
-            if not isinstance(graph.value(p), relax.Call) or not graph.single_use(p):
-                raise Refusal(failed=f"part {i} has no single producer to fuse with", **detail)
-        out_shape = static_shape(cat_var)
-        if out_shape is None:
-            raise Refusal(failed="dynamic shape", **detail)
-        axis = int(cat.attrs.axis) % len(out_shape)
+        parts, internal, out_shape, axis, detail = found
         pieces = _split_const(const, out_shape, axis, [static_shape(p) for p in parts.fields])
         if const is not None and pieces is None:
-            raise Refusal(failed="constant would broadcast the result to a larger shape", **detail)
+            raise Refusal(internal=internal, failed="constant would broadcast the result to a larger shape", **detail)
         new_parts = []
         for i, p in enumerate(parts.fields):
             args = list(call.args)
@@ -88,6 +81,54 @@ class ConcatSplitFusionPass(GraphRewritePass):
                 args[1 - pos] = make_const(pieces[i], str(const.dtype))
             new_parts.append(relax.Call(call.op, args, call.attrs))
         return Rewrite(var, relax.op.concat(new_parts, axis), internal, detail)
+
+    @staticmethod
+    def _match_batch_norm(var, item, graph):
+        bn = graph.call(item.tuple_value, "relax.nn.batch_norm")
+        if int(item.index) != 0 or bn is None or bool(bn.attrs.training):
+            return None
+        found = _concat_parts(graph, bn.args[0], "relax.nn.batch_norm")
+        if found is None:
+            return None
+        parts, internal, out_shape, axis, detail = found
+        internal.add(item.tuple_value)
+        params = [graph.const(p) for p in bn.args[1:5]]
+        if any(p is None for p in params):
+            raise Refusal(internal=internal, failed="batch_norm parameters not constant", **detail)
+        bn_axis = int(bn.attrs.axis) % len(out_shape)
+        bounds = np.cumsum([0] + [static_shape(p)[axis] for p in parts.fields])
+        new_parts = []
+        for i, p in enumerate(parts.fields):
+            sliced = [q[bounds[i]:bounds[i + 1]] if bn_axis == axis else q for q in params]
+            consts = [make_const(q, str(q.dtype)) for q in sliced]
+            new_parts.append(relax.TupleGetItem(relax.Call(bn.op, [p, *consts], bn.attrs), 0))
+        return Rewrite(var, relax.op.concat(new_parts, axis), internal, detail)
+
+
+def _concat_parts(graph, cat_var, op):
+    """``(parts Tuple, internal, out_shape, axis, detail)`` if ``cat_var`` is a concat we may split.
+
+    None if it is not a concat; raises Refusal if it is one but splitting would not help."""
+    cat = graph.call(cat_var, "relax.concat")
+    if cat is None:
+        return None
+    parts, internal = cat.args[0], {cat_var}
+    if isinstance(parts, relax.Var):
+        internal.add(parts)
+        parts = graph.value(parts)
+    if not isinstance(parts, relax.Tuple):
+        return None
+    detail = {"op": op.split(".")[-1], "parts": len(parts.fields)}
+    if not graph.single_use(cat_var):
+        raise Refusal(internal=internal, failed="concat has other consumers", **detail)
+    for i, p in enumerate(parts.fields):
+        producer = graph.value(p)
+        if not isinstance(producer, (relax.Call, relax.TupleGetItem)) or not graph.single_use(p):
+            raise Refusal(internal=internal, failed=f"part {i} has no single producer to fuse with", **detail)
+    out_shape = static_shape(cat_var)
+    if out_shape is None or any(static_shape(p) is None for p in parts.fields):
+        raise Refusal(internal=internal, failed="dynamic shape", **detail)
+    return parts, internal, out_shape, int(cat.attrs.axis) % len(out_shape), detail
 
 
 def _split_const(const, out_shape, axis, part_shapes):
