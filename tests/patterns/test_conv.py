@@ -75,11 +75,13 @@ def test_conv_bias_relu_then_residual_is_not_cut():
 C = [("g", (8,), "float32"), ("be", (8,), "float32"), ("mu", (8,), "float32"), ("var", (8,), "float32")]
 
 
-def test_conv_batchnorm_relu_unfolded():
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_conv_batchnorm_relu_unfolded(with_bias):
     """BN parameters are function inputs (not constants): the un-rewritten form still fuses."""
     def body(bb, x, w, g, be, mu, var):
         var = bb.emit(relax.op.abs(var))
-        bn = bb.emit(relax.op.nn.batch_norm(conv(bb, x, w), g, be, mu, var, axis=1, epsilon=1e-5, training=False))
+        c = bias(bb, conv(bb, x, w)) if with_bias else conv(bb, x, w)
+        bn = bb.emit(relax.op.nn.batch_norm(c, g, be, mu, var, axis=1, epsilon=1e-5, training=False))
         return relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn, 0)))
     mod = build([X, W, *C], body)
     result = assert_same_numbers(mod)
@@ -176,3 +178,13 @@ def test_other_te_call_is_not_taken_for_a_clamp():
     result = assert_same_numbers(build([X, W], body))
     reasons = [r.get("failed", "") for r in refusals(result, "TbeConvElemwiseFusionPass")]
     assert any("not an elementwise maximum/minimum" in r for r in reasons), reasons
+
+
+def test_training_batchnorm_is_refused():
+    def body(bb, x, w, g, be, mu, var):
+        bn = bb.emit(relax.op.nn.batch_norm(conv(bb, x, w), g, be, mu, bb.emit(relax.op.abs(var)), axis=1,
+                                            training=True))
+        return relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn, 0)))
+    result = assert_same_numbers(build([X, W, *C], body))
+    reasons = [r.get("failed", "") for r in refusals(result, "TbeConvElemwiseFusionPass")]
+    assert any("training=True" in r for r in reasons), reasons

@@ -102,3 +102,17 @@ def test_symbolic_batch_is_accepted():
     assert_one_kernel(result, "ascendfuse.matmul.bias_act")
     for rows in (3, 17):
         run_symbolic(mod, result, [(rows, 16), (16, 32)])
+
+
+def test_bfloat16_matmul_relu():
+    """bfloat16 is a cube dtype: fused, and close to a float32 numpy reference at bf16 tolerance."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    mod = build([("x", (8, 16), "bfloat16"), ("w", (16, 32), "bfloat16")],
+                lambda bb, x, w: relax.op.nn.relu(mm(bb, x, w)))
+    result = compile_ours(mod)
+    assert_one_kernel(result, "ascendfuse.matmul.act")
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in ((8, 16), (16, 32)))
+    out = relax.VirtualMachine(result.executable, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w))
+    ref = np.maximum(x.astype("float32") @ w.astype("float32"), 0)
+    np.testing.assert_allclose(out.numpy().astype("float32"), ref, **tol("bfloat16"))

@@ -123,3 +123,13 @@ def test_softmax_like_row_overflow_for_add_layer_norm():
     recs = [r for r in refusals(result, "TbeAddLayerNormFusionPass") if r["reason"] == "ub_overflow"]
     assert recs and recs[0]["bytes_needed"] > recs[0]["bytes_available"], \
         result.report.get("TbeAddLayerNormFusionPass").to_dict()
+
+
+def test_add_layer_norm_symbolic_batch():
+    n = tvm.tirx.Var("n", "int64")
+    mod = build([("x", (n, H), "float32"), ("r", (n, H), "float32")],
+                lambda bb, x, r: relax.op.nn.layer_norm(bb.emit(relax.op.add(x, r)), const((H,)), const((H,)),
+                                                        axes=[-1]))
+    result = compile_ours(mod)
+    assert_one_kernel(result, "ascendfuse.norm.add_layer_norm")
+    run_symbolic(mod, result, [(3, H), (3, H)])

@@ -115,3 +115,33 @@ def test_attention_long_keys_overflow():
     result = assert_same_numbers(mod)
     recs = [r for r in refusals(result, "TbeAttentionFusionPass") if r["reason"] == "ub_overflow"]
     assert recs and recs[0]["bytes_needed"] > recs[0]["bytes_available"]
+
+
+def test_attention_symbolic_query_length_is_accepted():
+    """Query rows may be symbolic (a tile holds cube_m of them); the key length is static."""
+    import tvm
+
+    from tests.helpers import compile_ours
+    from tests.patterns.test_matmul import run_symbolic
+    from tests.patterns.util import assert_one_kernel
+
+    n = tvm.tirx.Var("n", "int64")
+    mod = build([("q", (1, 2, n, 16), "float32"), K, V], lambda bb, q, k, v: attention(bb, q, k, v))
+    result = compile_ours(mod)
+    assert_one_kernel(result, "ascendfuse.attention.scale")
+    run_symbolic(mod, result, [(1, 2, 5, 16), (1, 2, 8, 16), (1, 2, 8, 16)])
+
+
+def test_attention_symbolic_key_length_is_refused():
+    import tvm
+
+    from tests.helpers import compile_ours
+    from tests.patterns.test_matmul import run_symbolic
+
+    s = tvm.tirx.Var("s", "int64")
+    mod = build([Q, ("k", (1, 2, s, 16), "float32"), ("v", (1, 2, s, 16), "float32")],
+                lambda bb, q, k, v: attention(bb, q, k, v))
+    result = compile_ours(mod)
+    reasons = [r.get("failed", "") for r in refusals(result, "TbeAttentionFusionPass")]
+    assert any("symbolic" in r for r in reasons), reasons
+    run_symbolic(mod, result, [(1, 2, 8, 16), (1, 2, 11, 16), (1, 2, 11, 16)])

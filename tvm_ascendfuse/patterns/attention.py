@@ -35,7 +35,7 @@ def attention_working_set(ctx, target) -> int:
     value on those rows (scaled, masked, probabilities), one P·V fractal step and one output block."""
     qk, pv = ctx.annotated_expr["qk"], ctx.annotated_expr["pv"]
     q_dtype = tensor_type(qk.args[0]).dtype
-    scores = dims(ctx.value_to_bound_var[qk])
+    scores = dims(ctx.annotated_expr["softmax"].args[0])    # after the mask's broadcast; last axis static
     s_kv = scores[-1]
     rows = clamp(scores[-2], target.cube_m)
     budget = Budget(target)
