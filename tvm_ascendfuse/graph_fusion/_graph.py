@@ -150,6 +150,9 @@ class FunctionGraph:
 
     def scalar(self, expr) -> float | None:
         """The value of a one-element constant (shape () or all ones), else None."""
+        shape = static_shape(expr)
+        if shape is None or int(np.prod(shape)) != 1:   # don't copy a large constant just to look at it
+            return None
         arr = self.const(expr)
         if arr is None or arr.size != 1:
             return None
