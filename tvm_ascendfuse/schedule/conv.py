@@ -1,0 +1,206 @@
+"""Conv2dRule: NCHW conv2d (any kernel, stride, padding, dilation; groups=1) + injective epilogue.
+
+Recognised from the blocks: one reduction block ``C[n, f, y, x] += D[n, c, ..y.., ..x..] * W[f, c, r, s]``
+(casts allowed) whose output and weight indices are bare iterators in NCHW / OIHW order. Its padding
+prologue (``pad_temp``, with whatever injective ops feed it inlined, e.g. the Focus slicing) is computed
+once at the root, parallel over channels; epilogue ops (folded-BN bias, activation, residual add) are
+fused into the store of each output tile. Grouped and depthwise convs have another index structure and
+are left to the fallback rule.
+
+Tiling: the accumulator tile (ocb output channels x owr output columns of one row) lives in ``local.UB``
+in an NCHW[vl]c layout, so the vector axis (output channels) is innermost; each FMA multiplies vl output
+channels by one broadcast input pixel. ocb x owr is the host's register block (AVX-512: 32 x 8 fp32 =
+16 zmm accumulators), which on the NPU is a small UB tile (1 KiB) well inside usable UB for any conv. The
+weight is re-laid out to (OC/ocb, IC, KH, KW, ocb) when it is a compile-time constant (``layout.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..target import AscendTarget
+from .base import UB_SCOPE, ScheduleRule
+from .common import extent, ok, root_blocks, try_
+from .fastmath import fast_erf
+from .hostvec import HostVector, host_vector
+from .layout import mark_prepack, packable_param
+from .matmul import _LOAD, _has_reduce, _strip_cast, _vectorize_inner, parallel_vector
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class ConvBlock:
+    block: object
+    data_read: int        # index of the data operand in block.reads
+    weight_read: int
+    weight_buf: object
+    out_dtype: str
+
+
+def match_conv2d(sch: s_tir.Schedule, block) -> ConvBlock | None:
+    stmt = sch.get(block)
+    body = stmt.body
+    if stmt.init is None or not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
+        return None
+    iters = [iv.var for iv in stmt.iter_vars]
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    if len(iters) != 7 or [k == tirx.IterVar.DataPar for k in kinds] != [True] * 4 + [False] * 3:
+        return None
+    loops = sch.get_loops(block)
+    if len(loops) != 7:
+        return None
+    realize = sch.get(loops[-1]).body
+    if not isinstance(realize, s_tir.SBlockRealize) or not all(
+            isinstance(v, tirx.Var) and v.same_as(sch.get(lp).loop_var) for lp, v in zip(loops, realize.iter_values)):
+        return None
+    n, f, y, x, rc, ry, rx = iters
+    same = lambda idx, vs: len(idx) == len(vs) and all(isinstance(i, tirx.Var) and i.same_as(v)  # noqa: E731
+                                                      for i, v in zip(idx, vs))
+    if not same(body.indices, [n, f, y, x]):
+        return None
+    val = body.value
+    for acc, prod in ((val.a, val.b), (val.b, val.a)):
+        acc, prod = _strip_cast(acc), _strip_cast(prod)
+        if not (isinstance(acc, _LOAD) and acc.source.same_as(body.buffer) and isinstance(prod, tirx.Mul)):
+            continue
+        ops = [_strip_cast(prod.a), _strip_cast(prod.b)]
+        if not all(isinstance(o, _LOAD) for o in ops):
+            continue
+        w = next((o for o in ops if same(o.indices, [f, rc, ry, rx])), None)
+        d = next((o for o in ops if o is not w), None)
+        if w is None or d is None or len(d.indices) != 4:
+            continue
+        if not (same(d.indices[:2], [n, rc])):
+            continue
+        reads = [r.source for r in stmt.reads]
+        di = next((i for i, r in enumerate(reads) if r.same_as(d.source)), None)
+        wi = next((i for i, r in enumerate(reads) if r.same_as(w.source)), None)
+        if di is None or wi is None:
+            continue
+        return ConvBlock(block, di, wi, w.source, str(body.buffer.ty.dtype))
+    return None
+
+
+@dataclass(frozen=True)
+class ConvTiles:
+    vl: int     # lanes along output channels
+    ocr: int    # vectors along output channels: ocb = ocr * vl
+    owr: int    # output columns of the register block
+
+    @property
+    def ocb(self) -> int:
+        return self.ocr * self.vl
+
+
+def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: AscendTarget) -> ConvTiles:
+    """Register block from the host's vector file, capped so the accumulator tile fits usable UB."""
+    lanes = hv.lanes(dtype)
+    vl = 1
+    while vl * 2 <= lanes and oc % (vl * 2) == 0:
+        vl *= 2
+    ocr = 2 if oc >= 2 * vl and oc % (2 * vl) == 0 else 1
+    acc = hv.accumulators
+    cap = max(1, min(ow, acc // ocr))
+    # prefer a column block dividing OW (no predicated tail) if one is at least half the cap
+    owr = next((d for d in range(cap, 0, -1) if ow % d == 0), cap)
+    if owr * 2 <= cap:
+        owr = cap
+    nbytes = tvm.DataType(dtype).bits // 8
+    copies = 2 if target.double_buffer else 1
+    while owr > 1 and copies * target.align_up(ocr * vl * owr * nbytes) > target.ub_usable:
+        owr //= 2
+    return ConvTiles(vl, ocr, owr)
+
+
+class Conv2dRule(ScheduleRule):
+    """NCHW conv2d + epilogue, register-blocked and UB-tiled (see module docstring)."""
+
+    name = "conv2d"
+
+    def __init__(self, prepack: bool = True):
+        self.prepack = prepack
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        try:
+            sch = s_tir.Schedule(tvm.IRModule({"main": fast_erf(func)}))
+            blocks = list(root_blocks(sch))
+            reductions = [i for i, b in enumerate(blocks) if _has_reduce(sch, b)]
+            if len(reductions) != 1:
+                return None
+            ci = reductions[0]
+            info = match_conv2d(sch, blocks[ci])
+            if info is None:
+                return None
+            return self._schedule(sch, blocks, ci, info, target, host_vector(host))
+        except Exception:  # noqa: BLE001 - a refused primitive: decline, the fallback schedules it
+            _LOG.debug("Conv2dRule declined", exc_info=True)
+            return None
+
+    def _schedule(self, sch, blocks, ci, info: ConvBlock, target, hv: HostVector):
+        conv = info.block
+        lanes = hv.lanes(info.out_dtype)
+        # prologue: everything inlined into the block the conv reads (pad_temp), materialised at the root
+        pro = blocks[:ci]
+        for b in pro:
+            if not any(sch.get(c).same_as(sch.get(conv)) for c in sch.get_consumers(b)):
+                ok(sch.compute_inline, b)
+        loops = sch.get_loops(conv)
+        oc, ow = extent(sch, loops[1]), extent(sch, loops[3])
+        if oc is None or ow is None:
+            return None
+        t = choose_conv_tiles(oc, ow, info.out_dtype, hv, _target(target))
+        packed = False
+        if self.prepack and oc % t.ocb == 0 and packable_param(sch, info.weight_buf) is not None:
+            ocb = t.ocb
+            mark_prepack(sch, conv, info.weight_read, lambda f, c, r, s: (f // ocb, c, r, s, f % ocb))
+            packed = True
+        epi = list(blocks[ci + 1:])
+        if epi:
+            sch.set_scope(conv, 0, UB_SCOPE)
+        else:
+            epi = [sch.cache_write(conv, 0, UB_SCOPE)]
+        *inner, last = epi
+        for b in inner:
+            ok(sch.compute_inline, b)
+        n, ff, yy, xx, rc, ry, rx = sch.get_loops(conv)
+        f0, f1, f2 = sch.split(ff, [None, t.ocr, t.vl])
+        x0, x1 = sch.split(xx, [None, t.owr])
+        sch.reorder(n, f0, yy, x0, rc, ry, rx, x1, f1, f2)
+        if oc % t.vl == 0:
+            vl = t.vl
+            sch.transform_layout(conv, ("write", 0), lambda a, f, y, x: (a, f // vl, y, x, f % vl))
+        if ok(sch.reverse_compute_at, last, x0):
+            _vectorize_inner(sch, last, lanes)
+        else:
+            parallel_vector(sch, last, lanes)
+        sch.vectorize(f2)
+        try_(sch.unroll, f1)
+        try_(sch.unroll, x1)
+        try_(sch.unroll, rx)
+        sch.parallel(sch.fuse(n, f0, yy))
+        for b in pro:
+            try:
+                sch.get(b)
+            except Exception:  # noqa: BLE001 - inlined above
+                continue
+            parallel_vector(sch, b, lanes)
+        init = sch.decompose_reduction(conv, rc)
+        il = sch.get_loops(init)
+        try_(sch.vectorize, il[-1])
+        try_(sch.unroll, il[-2])
+        try_(sch.unroll, il[-3])
+        sch.annotate(conv, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}")
+        return sch
+
+
+def _target(target):
+    from ..target import get_target
+
+    return target if isinstance(target, AscendTarget) else get_target(target)

@@ -1,0 +1,50 @@
+"""Vector facts of the llvm host that size the register tiles of the compute-bound rules.
+
+A GEMM/conv micro-kernel keeps its accumulator tile in vector registers: lanes and register count come
+from the host's CPU features (AVX-512: 16 fp32 lanes, 32 registers), not from constants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+
+from .common import host_of, num_cores
+
+
+@dataclass(frozen=True)
+class HostVector:
+    bits: int          # width of one vector register
+    registers: int     # architectural vector registers
+    cores: int         # threads the kernel is parallelised over
+
+    def lanes(self, dtype: str) -> int:
+        return max(1, self.bits // max(8, tvm.DataType(dtype).bits))
+
+    @property
+    def accumulators(self) -> int:
+        """Vector registers a micro-kernel may hold accumulators in: half the file, the rest feeds the FMAs
+        (AVX-512: 16; more spills, measured 2x slower)."""
+        return max(4, self.registers // 2)
+
+
+def _has(feature: str, host) -> bool:
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, host))
+    except Exception:  # a non-x86 llvm target or an llvm without that query
+        return False
+
+
+def host_vector(host) -> HostVector:
+    host = host_of(host)
+    cores = num_cores(host)
+    if host is None or host.kind.name != "llvm":
+        return HostVector(128, 16, cores)
+    if _has("avx512f", host):
+        return HostVector(512, 32, cores)
+    if _has("avx2", host) or _has("avx", host):
+        return HostVector(256, 16, cores)
+    if _has("neon", host) or "aarch64" in str(host.attrs.get("mtriple", "")):
+        return HostVector(128, 32, cores)
+    return HostVector(128, 16, cores)

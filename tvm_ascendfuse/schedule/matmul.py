@@ -1,0 +1,424 @@
+"""MatmulRule: matmul / batched matmul / linear with prologue and injective epilogue.
+
+The kernel kind is recognised from the blocks, not the name: one reduction block whose body is
+``C[..] = C[..] + A[..] * B[..]`` (casts allowed) with every index a plain block iterator, iterators
+classified by which buffers they index (batch: A, B, C; M: A, C; N: B, C; K: A, B). Anything after it must
+be injective (bias, activation, residual add); anything before it is either inlined (transposes, casts of
+parameters) or, when it holds reductions (a LayerNorm feeding the GEMM), scheduled as a row-parallel stage.
+
+Tiling, NPU side: the mr x nr accumulator lives in ``local.UB``; the A panel (mr x kc) is staged in
+``local.UB`` per K chunk, kc chosen so the double-buffered A panel, B panel and accumulator fit usable UB.
+Host side (UB tiling = cache blocking): mr x nr is a register block sized from the host's vector registers
+(AVX-512: 8 x 32 fp32 = 16 zmm accumulators), K unrolled by 4, N vectorised, the outer tiles parallel
+over the host's cores, and the weight re-laid out (N/nr, K, nr) when it is a compile-time constant (see
+``layout.py``): that layout change runs once, before the kernel, and FoldConstant evaluates it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..target import AscendTarget
+from .base import UB_SCOPE, ScheduleRule
+from .common import extent, ok, root_blocks, try_
+from .fastmath import fast_erf
+from .hostvec import HostVector, host_vector
+from .layout import mark_prepack, packable_param
+
+
+_LOG = logging.getLogger(__name__)
+_LOAD = tvm.ir.expr.TensorLoad
+_ERRORS = (Exception,)  # any refusal of a primitive: the rule declines, the fallback schedules it
+
+
+def _strip_cast(e):
+    while isinstance(e, tirx.Cast):
+        e = e.value
+    return e
+
+
+def _plain_vars(indices, iters) -> list | None:
+    """Iterator of each index, or None when an index is not a bare block iterator."""
+    out = []
+    for idx in indices:
+        hit = [v for v in iters if isinstance(idx, tirx.Var) and idx.same_as(v)]
+        if not hit:
+            return None
+        out.append(hit[0])
+    return out
+
+
+@dataclass
+class GemmBlock:
+    """Where each GEMM role sits: iterator positions (= loop positions of the block) and buffers."""
+
+    block: object
+    a_buf: object
+    b_buf: object
+    c_buf: object
+    a_read: int                  # index of A in block.reads
+    b_read: int
+    batch: list = field(default_factory=list)
+    m: list = field(default_factory=list)   # outer M iterators first, the tiled one last
+    n: int = -1
+    k: int = -1
+    b_n_axis: int = -1           # axis of B's buffer indexed by the N iterator
+    b_k_axis: int = -1
+
+
+def match_gemm(sch: s_tir.Schedule, block) -> GemmBlock | None:
+    """GemmBlock for a C += A*B block with trivially bound loops, else None."""
+    stmt = sch.get(block)
+    body = stmt.body
+    if stmt.init is None or not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
+        return None
+    iters = [iv.var for iv in stmt.iter_vars]
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    if len(sch.get_loops(block)) != len(iters):
+        return None
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        return None
+    for lp, val in zip(loops, realize.iter_values):
+        if not (isinstance(val, tirx.Var) and val.same_as(sch.get(lp).loop_var)):
+            return None
+    val = body.value
+    for acc, prod in ((val.a, val.b), (val.b, val.a)):
+        acc, prod = _strip_cast(acc), _strip_cast(prod)
+        if not (isinstance(acc, _LOAD) and acc.source.same_as(body.buffer)):
+            continue
+        if not isinstance(prod, tirx.Mul):
+            continue
+        x, y = _strip_cast(prod.a), _strip_cast(prod.b)
+        if not (isinstance(x, _LOAD) and isinstance(y, _LOAD)):
+            continue
+        cv, xv, yv = (_plain_vars(e.indices, iters) for e in (body, x, y))
+        if cv is None or xv is None or yv is None or not all(a.same_as(b) for a, b in zip(cv, acc.indices)):
+            continue
+        return _classify(stmt, iters, kinds, cv, (x, xv), (y, yv))
+    return None
+
+
+def _classify(stmt, iters, kinds, cv, xa, ya):
+    ids = lambda vs: {id(v) for v in vs}  # noqa: E731
+    c_set = ids(cv)
+    batch, m_x, m_y, k = [], [], [], []
+    (x, xv), (y, yv) = xa, ya
+    x_set, y_set = ids(xv), ids(yv)
+    if len(set(map(id, xv))) != len(xv) or len(set(map(id, yv))) != len(yv):
+        return None                                      # diagonal accesses are not a GEMM
+    for pos, (v, kind) in enumerate(zip(iters, kinds)):
+        key = (id(v) in c_set, id(v) in x_set, id(v) in y_set)
+        if kind == tirx.IterVar.CommReduce and key == (False, True, True):
+            k.append(pos)
+        elif kind == tirx.IterVar.DataPar and key == (True, True, True):
+            batch.append(pos)
+        elif kind == tirx.IterVar.DataPar and key == (True, True, False):
+            m_x.append(pos)
+        elif kind == tirx.IterVar.DataPar and key == (True, False, True):
+            m_y.append(pos)
+        else:
+            return None
+    if len(k) != 1 or not m_x or not m_y:
+        return None
+    # B is the operand with a single free axis (the weight); A may carry several (batch x seq).
+    if len(m_y) == 1:
+        (a, av, m), (b, bv, n) = (x, xv, m_x), (y, yv, m_y[0])
+    elif len(m_x) == 1:
+        (a, av, m), (b, bv, n) = (y, yv, m_y), (x, xv, m_x[0])
+    else:
+        return None
+    if sorted(m) != list(range(min(m), min(m) + len(m))):
+        return None                                      # outer M iterators must be adjacent loops
+    reads = [r.source for r in stmt.reads]
+    a_read = next((i for i, r in enumerate(reads) if r.same_as(a.source)), None)
+    b_read = next((i for i, r in enumerate(reads) if r.same_as(b.source)), None)
+    if a_read is None or b_read is None or a.source.same_as(b.source):
+        return None
+    b_n_axis = next(i for i, v in enumerate(bv) if v.same_as(iters[n]))
+    b_k_axis = next(i for i, v in enumerate(bv) if v.same_as(iters[k[0]]))
+    return GemmBlock(None, a.source, b.source, stmt.writes[0].source, a_read, b_read, batch, m, n, k[0],
+                     b_n_axis, b_k_axis)
+
+
+def find_gemm(sch: s_tir.Schedule):
+    """(blocks, index of the GEMM block, GemmBlock) when the function is one GEMM plus injective epilogue."""
+    blocks = list(root_blocks(sch))
+    reductions = [i for i, b in enumerate(blocks) if _has_reduce(sch, b)]
+    if not reductions:
+        return None
+    gi = reductions[-1]
+    info = match_gemm(sch, blocks[gi])
+    if info is None:
+        return None
+    info.block = blocks[gi]
+    return blocks, gi, info
+
+
+def _has_reduce(sch, block) -> bool:
+    return any(iv.iter_type != tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    mr: int       # rows of the register block
+    vl: int       # vector lanes along N
+    nvec: int     # vectors along N: nr = nvec * vl
+    uk: int       # K unroll
+    kc: int       # K chunk of the A panel staged in UB
+
+    @property
+    def nr(self) -> int:
+        return self.nvec * self.vl
+
+
+def _pow2_divisor(n: int | None, cap: int) -> int:
+    if n is None:
+        return cap
+    v = 1
+    while v * 2 <= cap and n % (v * 2) == 0:
+        v *= 2
+    return v
+
+
+def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: AscendTarget) -> GemmTiles:
+    """Register block from the host's vector file; K chunk from the target's usable UB."""
+    lanes = hv.lanes(dtype)
+    vl = _pow2_divisor(n_ext, lanes) if n_ext is not None and n_ext % lanes else lanes
+    vl = max(vl, min(lanes, 4)) if n_ext is None or n_ext >= lanes else vl
+    acc = hv.accumulators
+    n_vecs = -(-n_ext // vl) if n_ext is not None else 4
+    if m_ext is None or m_ext >= 8:
+        want = 2                                   # 8 x 2 vectors: the measured sweet spot (= 4 x 4)
+    else:
+        want = max(1, min(8, acc // max(1, m_ext)))  # few rows: widen the block along N instead
+    nvec = max(1, min(want, n_vecs))
+    if n_ext is not None and n_ext % vl == 0:
+        # prefer a block that divides N (packable, no predicated tail), within 2x of the wanted width
+        fits = [d for d in range(want * 2, 0, -1) if (n_ext // vl) % d == 0 and d * min(8, max(1, m_ext or 8)) <= acc]
+        if fits and fits[0] * 2 >= nvec:
+            nvec = fits[0]
+    mr = max(1, min(8, acc // nvec))
+    if m_ext is not None:
+        mr = min(mr, m_ext)
+    uk = 4 if k_ext is None or k_ext % 4 == 0 else (2 if k_ext % 2 == 0 else 1)
+    nbytes = tvm.DataType(dtype).bits // 8
+    copies = 2 if target.double_buffer else 1
+    acc_bytes = target.align_up(mr * nvec * vl * nbytes)
+    per_k = target.align_up(mr * nbytes) + target.align_up(nvec * vl * nbytes)  # A row + B row per k step
+    kc = max(uk, ((target.ub_usable - acc_bytes) // copies // per_k) // uk * uk)
+    if k_ext is not None and k_ext > kc:
+        # equal chunks, so no chunk has a predicated tail inside the unrolled micro-kernel
+        chunks = -(-k_ext // kc)
+        while k_ext % chunks or (k_ext // chunks) % uk:
+            chunks += 1
+        kc = k_ext // chunks
+    elif k_ext is not None:
+        kc = k_ext
+    return GemmTiles(mr, vl, nvec, uk, kc)
+
+
+class MatmulRule(ScheduleRule):
+    """GEMM + epilogue, register-blocked and UB-tiled (see module docstring)."""
+
+    name = "matmul"
+
+    def __init__(self, prepack: bool = True, stage_a: bool = False):
+        self.prepack = prepack
+        self.stage_a = stage_a
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(tvm.IRModule({"main": fast_erf(func)}))
+        try:
+            found = find_gemm(sch)
+        except _ERRORS:
+            return None
+        if found is None:
+            return None
+        blocks, gi, info = found
+        if any(_has_reduce(sch, b) for b in blocks[gi + 1:]):
+            return None                                  # softmax/reduction after the GEMM: attention etc.
+        try:
+            return self._schedule(sch, blocks, gi, info, target, host_vector(host))
+        except _ERRORS:
+            _LOG.debug("MatmulRule declined %s", func.attrs, exc_info=True)
+            return None
+
+    # ------------------------------------------------------------------------------------------------
+    def _schedule(self, sch, blocks, gi, info: GemmBlock, target, hv: HostVector):
+        mm = info.block
+        stage = schedule_prologue(sch, blocks[:gi], hv, sch.get(mm).name_hint)
+        loops = sch.get_loops(mm)
+        ext = lambda p: extent(sch, loops[p])  # noqa: E731
+        c_dtype = str(info.c_buf.ty.dtype)
+        t = choose_tiles(ext(info.m[-1]), ext(info.n), ext(info.k), c_dtype, hv, _target(target))
+        packed = False
+        if self.prepack and info.b_read is not None:
+            param = packable_param(sch, info.b_buf)
+            n_ext = ext(info.n)
+            if param is not None and n_ext is not None and n_ext % t.nr == 0:
+                mark_prepack(sch, mm, info.b_read, _pack_map(info, t.nr, len(info.b_buf.ty.shape)))
+                packed = True
+        loops = sch.get_loops(mm)
+        outer = [loops[p] for p in info.batch] + [loops[p] for p in info.m[:-1]]
+        i0, i1 = sch.split(loops[info.m[-1]], [None, t.mr])
+        j0, j1, j2 = sch.split(loops[info.n], [None, t.nvec, t.vl])
+        k_ext = ext(info.k)
+        if not self.stage_a or (k_ext is not None and k_ext <= t.kc):
+            k0, k1 = sch.split(loops[info.k], [None, t.uk])
+            ko = None
+        else:
+            ko, k0, k1 = sch.split(loops[info.k], [None, t.kc // t.uk, t.uk])
+        kl = [ko, k0, k1] if ko is not None else [k0, k1]
+        sch.reorder(*outer, j0, i0, *kl, i1, j1, j2)
+        epi = list(blocks[gi + 1:])
+        if epi:
+            sch.set_scope(mm, 0, UB_SCOPE)                    # mr x nr accumulator tile
+        else:                                                 # the GEMM writes the output: stage it
+            epi = [sch.cache_write(mm, 0, UB_SCOPE)]
+        if self.stage_a:
+            a_ub = sch.cache_read(mm, info.a_read, UB_SCOPE)  # mr x kc A panel per K chunk
+            sch.compute_at(a_ub, kl[0])
+            _vectorize_inner(sch, a_ub, hv.lanes(str(info.a_buf.ty.dtype)))
+        self._epilogue(sch, epi, i0, hv.lanes(c_dtype))
+        sch.vectorize(j2)
+        try_(sch.unroll, j1)
+        try_(sch.unroll, i1)
+        try_(sch.unroll, k1)
+        par = sch.fuse(*outer, j0) if outer else j0
+        sch.parallel(par)
+        init = sch.decompose_reduction(mm, kl[0])             # last: leaves the update without init
+        il = sch.get_loops(init)
+        try_(sch.vectorize, il[-1])
+        try_(sch.unroll, il[-2])
+        sch.annotate(mm, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}")
+        del stage
+        return sch
+
+    def _epilogue(self, sch, epi_blocks, i0, lanes):
+        if not epi_blocks:
+            return
+        *inner, last = epi_blocks
+        leftover = []
+        for b in inner:
+            if not ok(sch.compute_inline, b):
+                leftover.append(b)
+        for b in leftover + [last]:
+            if not ok(sch.reverse_compute_at, b, i0):
+                parallel_vector(sch, b, lanes)
+                continue
+            _vectorize_inner(sch, b, lanes)
+
+
+def _still_exists(sch, block) -> bool:
+    try:
+        sch.get(block)
+        return True
+    except _ERRORS:
+        return False
+
+
+def _target(target):
+    from ..target import get_target
+
+    return target if isinstance(target, AscendTarget) else get_target(target)
+
+
+def _pack_map(info: GemmBlock, nr: int, ndim: int):
+    """B[..., k, n] (any axis order) -> B'[..., n // nr, k, n % nr]: the N panel of one register block is
+    contiguous for every k."""
+    others = [d for d in range(ndim) if d not in (info.b_n_axis, info.b_k_axis)]
+
+    def index_map(*axes):
+        n, k = axes[info.b_n_axis], axes[info.b_k_axis]
+        return [*(axes[d] for d in others), n // nr, k, n % nr]
+
+    return index_map
+
+
+def _vectorize_inner(sch, block, lanes: int) -> None:
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    ext = extent(sch, loops[-1])
+    if ext is None or ext < 2:
+        return
+    v = _pow2_divisor(ext, lanes)
+    if v < 2:
+        return
+    inner = sch.split(loops[-1], [None, v])[1] if ext > v else loops[-1]
+    try_(sch.vectorize, inner)
+
+
+def parallel_vector(sch, block, lanes: int) -> None:
+    """Root-level injective block: parallel over the outer loops, vectorised inner loop."""
+    loops = sch.get_loops(block)
+    if len(loops) > 1:
+        try_(sch.parallel, sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
+    _vectorize_inner(sch, block, lanes)
+
+
+def schedule_prologue(sch, pro_blocks, hv: HostVector, gemm_name: str):
+    """Inline what is cheap (transposes, casts of parameters); keep a reduction stage (LayerNorm) as a
+    row-parallel stage: its reductions computed per row, the row loop parallel, the normalise vectorised."""
+    depends_on_reduce = set()
+    for b in pro_blocks:
+        name = sch.get(b).name_hint
+        reads = {r.source for r in sch.get(b).reads}
+        producer_names = {sch.get(p).name_hint for p in sch.get_producers(b)}
+        if _has_reduce(sch, b) or producer_names & depends_on_reduce:
+            depends_on_reduce.add(name)
+        del reads
+    stage_out = []
+    for b in reversed(pro_blocks):
+        name = sch.get(b).name_hint
+        if _has_reduce(sch, b):
+            continue
+        if name not in depends_on_reduce:
+            try_(sch.compute_inline, b)
+        else:
+            stage_out.append(b)
+    # the stage blocks that feed the GEMM directly become row loops; their reductions go under the rows
+    lanes = hv.lanes("float32")
+    for b in stage_out:
+        if not _still_exists(sch, b):
+            continue
+        consumers = {sch.get(c).name_hint for c in sch.get_consumers(b)}
+        if gemm_name not in consumers:
+            try_(sch.compute_inline, b)
+    for b in stage_out:
+        if not _still_exists(sch, b) or gemm_name not in {sch.get(c).name_hint for c in sch.get_consumers(b)}:
+            continue
+        loops = sch.get_loops(b)
+        if len(loops) < 2:
+            continue
+        row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        for p in reversed(_transitive_producers(sch, b)):
+            try_(sch.compute_at, p, row)
+        try_(sch.parallel, row)
+        _vectorize_inner(sch, b, lanes)
+    return stage_out
+
+
+def _transitive_producers(sch, block):
+    """Producer blocks of ``block`` inside the function, nearest last (compute_at order: consumers first)."""
+    seen, order = set(), []
+
+    def visit(b):
+        for p in sch.get_producers(b):
+            name = sch.get(p).name_hint
+            if name in seen:
+                continue
+            seen.add(name)
+            visit(p)
+            order.append(p)
+
+    visit(block)
+    return order
