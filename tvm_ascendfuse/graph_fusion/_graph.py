@@ -53,11 +53,6 @@ def dims(expr) -> list | None:
     return [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape]
 
 
-def dtype_of(expr) -> str | None:
-    ty = getattr(expr, "ty", None)
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
 def int_list(values) -> list[int] | None:
     """A Relax attribute/argument holding integers (Array, Tuple of IntImm, ShapeExpr) as Python ints."""
     if values is None:
@@ -72,7 +67,14 @@ def int_list(values) -> list[int] | None:
         return None
 
 
-def close(value: float | None, expected: float, rtol: float = 1e-3) -> bool:
+# How far an exported constant may be from its mathematical value and still be that value: the
+# rounding of the dtype (bf16 keeps 8 significant bits, fp16 11) plus a margin for constants written
+# with a few digits (1.4142).
+CONST_RTOL = {"float16": 1e-3, "bfloat16": 4e-3}
+
+
+def close(value: float | None, expected: float, dtype: str = "float32") -> bool:
+    rtol = CONST_RTOL.get(dtype, 1e-4)
     return value is not None and abs(value - expected) <= rtol * abs(expected) + 1e-12
 
 
