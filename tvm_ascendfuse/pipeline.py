@@ -13,7 +13,9 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu
 
 from .analysis import groups_before_fuse_tir, kernel_table
 from .graph_fusion import GRAPH_FUSION_PASSES
-from .grouping import PatternFusionPass
+from .graph_fusion.safe_fold import SafeFoldConstant
+from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
+from .grouping import COST_BASED_FUSION, CostBasedFusionPass, PatternFusionPass
 from .passbase import PyPass
 from .report import FusionReport
 from .switches import FusionSwitches, resolve_switches
@@ -24,19 +26,28 @@ def graph_fusion_phase(target, switches, report):
     """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
     passes = [relax.transform.DeadCodeElimination()]
     passes += [cls(target, report, enabled=switches.is_on(cls.switch_name)) for cls in GRAPH_FUSION_PASSES]
-    return passes + [relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()]
+    return passes + [SafeFoldConstant(), relax.transform.DeadCodeElimination()]
 
 
 def ub_fusion_phase(target, switches, report, tvm_target):
-    """Phase 2: pattern groups, legalization, grouping of the rest, one PrimFunc per group."""
+    """Phase 2: pattern groups, legalization, grouping of the rest, one PrimFunc per group.
+
+    The cost-based grouping replaces TVM's FuseOps; FuseOps is the fallback when it is switched off."""
+    if switches.is_on(COST_BASED_FUSION):
+        grouping = CostBasedFusionPass(target, report)
+    else:
+        report.touch(COST_BASED_FUSION)
+        grouping = relax.transform.FuseOps()
     return [
+        TrafficBaseline(target, report, tvm_target),
         PatternFusionPass(target, report, switches),
         *cpu.library_dispatch_passes(tvm_target),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
+        grouping,
         RecordKernels(report),
+        TrafficAccounting(target, report),
     ]
 
 

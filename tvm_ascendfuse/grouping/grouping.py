@@ -57,6 +57,8 @@ class Node:
     out_dtype: int = 4
     cube: bool = False
     row: int = 0                                       # reduction row (elements) of a vector reduction
+    locked: int | None = None                          # index of the pattern group it came from
+    binding: object | None = None                      # the block binding it stands for (None: inside a pattern)
 
     @property
     def fusable(self) -> bool:
@@ -166,27 +168,45 @@ class _Model:
         return max(d.values(), default=0)
 
     def structure(self, members: list[int]) -> str | None:
-        """None if the NPU can run these ops as one kernel, else what breaks it."""
-        mset = set(members)
-        cubes = [m for m in members if self.nodes[m].cube]
-        if len(cubes) > 1:
+        """None if the NPU can run these ops as one kernel, else what breaks it.
+
+        A pattern group's own structure is taken as given (its checks already passed); the rules apply to
+        what is added to it: one cube kernel per group; only layout (injective) ops in front of a cube
+        operand (the DMA into L1 does them); a reduction behind a cube op only when a row block of the
+        accumulator (cube_m rows of the reduction row, fp32) fits L0C; at most ``max_reductions`` free
+        reductions."""
+        nodes, mset = self.nodes, set(members)
+        cubes = [m for m in members if nodes[m].cube]
+        kernels = {("p", nodes[m].locked) if nodes[m].locked is not None else ("n", m) for m in cubes}
+        if len(kernels) > 1:
             return "two cube ops in one kernel"
         for c in cubes:
-            for p in self.nodes[c].producers:
-                if p in mset:
-                    return "producer fused into a cube op's operand"
-        reds = [m for m in members if not self.nodes[m].cube and self.nodes[m].pattern in (REDUCE, OUT_EWISE)]
+            stack, seen = [p for p in nodes[c].producers if p in mset], set()
+            while stack:
+                p = stack.pop()
+                if p in seen:
+                    continue
+                seen.add(p)
+                if nodes[p].locked is not None and nodes[p].locked == nodes[c].locked:
+                    continue
+                if nodes[p].pattern != INJECTIVE:
+                    return "compute fused into a cube op's operand"
+                stack.extend(q for q in nodes[p].producers if q in mset)
+        reds = [m for m in members if nodes[m].locked is None and not nodes[m].cube
+                and nodes[m].pattern in (REDUCE, OUT_EWISE)]
         if len(reds) > self.cfg.max_reductions:
             return f"more than {self.cfg.max_reductions} reductions"
         if cubes and reds:
             after_cube, stack = set(), list(cubes)
             while stack:
-                for u in self.nodes[stack.pop()].users:
+                for u in nodes[stack.pop()].users:
                     if u in mset and u not in after_cube:
                         after_cube.add(u)
                         stack.append(u)
-            if any(m in after_cube for m in reds):
-                return "reduction after a cube op"
+            limit = self.target.l0c_bytes // (self.target.cube_m * 4)
+            for m in reds:
+                if m in after_cube and nodes[m].row > limit:
+                    return "reduction after a cube op: row block exceeds L0C"
         return None
 
 
@@ -264,45 +284,43 @@ class CostBasedFusionPass(PyPass):
 
     # ---- one dataflow block ---------------------------------------------------------------------------
     def _nodes(self, block, func, mod, target) -> list[Node]:
+        """One node per call_tir; a call to a pattern group (Primitive function of call_tirs) is expanded
+        into its call_tirs, which start out as one locked group; anything else is an opaque node."""
         bounds = symbolic_bounds(func)
         nodes: list[Node] = []
         var_node: dict = {}
-        cache: dict = {}
-        for i, b in enumerate(block.bindings):
-            n = Node(i, b.var, None)
+        self._cache: dict = {}
+        self._patterns: list[dict] = []
+        for b in block.bindings:
             v = b.value if isinstance(b, relax.VarBinding) else None
-            if (v is not None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
-                    and v.op.same_as(_CALL_TIR) and len(v.args) == 2 and isinstance(v.args[1], relax.Tuple)
-                    and hasattr(b.var.ty, "dtype") and getattr(b.var.ty, "shape", None) is not None):
-                prim = mod[v.args[0]]
-                args = list(v.args[1].fields)
-                if isinstance(prim, tirx.PrimFunc) and all(
-                        isinstance(a, (relax.Var, tvm.ir.GenericConst)) for a in args):
-                    n.call = v
-                    n.name = v.args[0].name_hint
-                    n.args = args
-                    pat = prim.attrs["op_pattern"] if prim.attrs and "op_pattern" in prim.attrs else OPAQUE
-                    n.pattern = int(pat)
-                    key = n.name
-                    if key not in cache:
-                        cache[key] = count_primfunc(prim, key, bounds)
-                    n.traffic = cache[key]
-                    n.cube = n.traffic.cube_flops > 0
-                    n.row = n.traffic.reduce_row_elems if not n.cube else 0
-                    shape = _static_shape(b.var.ty, bounds)
-                    n.out_dtype = dtype_bytes(b.var.ty.dtype)
-                    n.out_elems = 1
-                    for d in shape:
-                        n.out_elems *= d
-                    n.out_bytes = sum(n.traffic.write_bytes) * pad_ratio(shape, n.out_dtype, target)
-                    n.in_bytes = []
-                    for pos, a in enumerate(args):
-                        rb = n.traffic.read_bytes[pos] if pos < len(n.traffic.read_bytes) else 0
-                        n.in_bytes.append(rb * pad_ratio(_static_shape(a.ty, bounds), _dtype(a), target))
-                    if n.traffic.assumptions:
-                        self._assume(n.traffic.assumptions)
+            inner = self._pattern_body(v, mod) if v is not None else None
+            if inner is not None:
+                pfunc, calls = inner
+                pid = len(self._patterns)
+                remap = {pp: a for pp, a in zip(pfunc.params, v.args)}
+                ids = []
+                for k, ib in enumerate(calls):
+                    last = k == len(calls) - 1
+                    # fresh vars per call site: one pattern function may be called several times
+                    var = b.var if last else relax.DataflowVar(ib.var.name, ib.var.ty)
+                    remap[ib.var] = var
+                    n = Node(len(nodes), var, None)
+                    args = [remap.get(a, a) for a in ib.value.args[1].fields]
+                    self._fill(n, ib.value, args, var, mod, bounds, target)
+                    n.locked = pid
+                    n.binding = b if last else None
+                    nodes.append(n)
+                    var_node[n.var] = n.idx
+                    ids.append(n.idx)
+                name = str(pfunc.attrs["Composite"]) if "Composite" in pfunc.attrs else v.op.name_hint
+                self._patterns.append({"nodes": ids, "binding": b, "name": name, "gv": v.op.name_hint})
+                continue
+            n = Node(len(nodes), b.var, None)
+            n.binding = b
+            if self._simple_call_tir(v, b.var):
+                self._fill(n, v, list(v.args[1].fields), b.var, mod, bounds, target)
             nodes.append(n)
-            var_node[b.var] = i
+            var_node[b.var] = n.idx
         readers: dict = {}
         for n in nodes:
             for a in n.args:
@@ -313,8 +331,11 @@ class CostBasedFusionPass(PyPass):
         self._readers = readers
         # edges
         for n in nodes:
-            b = block.bindings[n.idx]
-            used = _free_vars(b.value) if isinstance(b, relax.VarBinding) else _free_vars_binding(b)
+            if n.call is not None:
+                used = [a for a in n.args if isinstance(a, relax.Var)]
+            else:
+                used = _free_vars(n.binding.value) if isinstance(n.binding, relax.VarBinding) \
+                    else _free_vars_binding(n.binding)
             for u in used:
                 p = var_node.get(u)
                 if p is not None and p != n.idx and p not in n.producers:
@@ -324,6 +345,65 @@ class CostBasedFusionPass(PyPass):
                 n.escapes = True
         self._var_node = var_node
         return nodes
+
+    @staticmethod
+    def _simple_call_tir(v, var) -> bool:
+        return (v is not None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                and v.op.same_as(_CALL_TIR) and len(v.args) == 2 and isinstance(v.args[1], relax.Tuple)
+                and hasattr(var.ty, "dtype") and getattr(var.ty, "shape", None) is not None
+                and all(isinstance(a, (relax.Var, tvm.ir.GenericConst)) for a in v.args[1].fields))
+
+    def _pattern_body(self, v, mod):
+        """(function, call_tir bindings) of a call to a Primitive group made only of call_tirs, else None."""
+        if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar)):
+            return None
+        try:
+            f = mod[v.op]
+        except Exception:   # not in this module
+            return None
+        if not (isinstance(f, relax.Function) and f.attrs and "Primitive" in f.attrs
+                and isinstance(f.body, relax.SeqExpr) and len(f.body.blocks) == 1):
+            return None
+        calls = list(f.body.blocks[0].bindings)
+        if not calls or not all(isinstance(ib, relax.VarBinding) and self._simple_call_tir(ib.value, ib.var)
+                                and isinstance(mod[ib.value.args[0]], tirx.PrimFunc) for ib in calls):
+            return None
+        if not (isinstance(f.body.body, relax.Var) and f.body.body.same_as(calls[-1].var)):
+            return None
+        inner = {ib.var for ib in calls}
+        params = set(f.params)
+        for ib in calls:
+            if not all(isinstance(a, tvm.ir.GenericConst) or a in inner or a in params for a in ib.value.args[1].fields):
+                return None
+        return f, calls
+
+    def _fill(self, n: Node, v, args, var, mod, bounds, target):
+        prim = mod[v.args[0]]
+        if not isinstance(prim, tirx.PrimFunc):
+            return
+        n.call = v
+        n.name = v.args[0].name_hint
+        n.args = args
+        pat = prim.attrs["op_pattern"] if prim.attrs and "op_pattern" in prim.attrs else OPAQUE
+        n.pattern = int(pat)
+        key = n.name
+        if key not in self._cache:
+            self._cache[key] = count_primfunc(prim, key, bounds)
+        n.traffic = self._cache[key]
+        n.cube = n.traffic.cube_flops > 0
+        n.row = n.traffic.reduce_row_elems if not n.cube else 0
+        shape = _static_shape(var.ty, bounds)
+        n.out_dtype = dtype_bytes(var.ty.dtype)
+        n.out_elems = 1
+        for d in shape:
+            n.out_elems *= d
+        n.out_bytes = sum(n.traffic.write_bytes) * pad_ratio(shape, n.out_dtype, target)
+        n.in_bytes = []
+        for pos, a in enumerate(args):
+            rb = n.traffic.read_bytes[pos] if pos < len(n.traffic.read_bytes) else 0
+            n.in_bytes.append(rb * pad_ratio(_static_shape(a.ty, bounds), _dtype(a), target))
+        if n.traffic.assumptions:
+            self._assume(n.traffic.assumptions)
 
     def _assume(self, items):
         sec = self.report.sections.setdefault("grouping", {"groups": [], "assumptions": []})
@@ -338,10 +418,18 @@ class CostBasedFusionPass(PyPass):
         model.var_node = self._var_node
         groups: dict[int, Group] = {}
         owner: dict[int, int] = {}           # node -> gid of the group that owns it
+        locked = set()
+        for pid, pat in enumerate(self._patterns):
+            gid = len(nodes) + pid
+            groups[gid] = Group(gid, list(pat["nodes"]), set(pat["nodes"]))
+            for m in pat["nodes"]:
+                owner[m] = gid
+                locked.add(m)
         for n in nodes:
-            groups[n.idx] = Group(n.idx, [n.idx], {n.idx})
-            owner[n.idx] = n.idx
-        next_gid = itertools.count(len(nodes))
+            if n.idx not in locked:
+                groups[n.idx] = Group(n.idx, [n.idx], {n.idx})
+                owner[n.idx] = n.idx
+        next_gid = itertools.count(len(nodes) + len(self._patterns))
         group_of = lambda node_idx: groups.get(owner.get(node_idx)) if owner.get(node_idx) is not None else None
 
         def gcost(members, copied=()):
@@ -547,7 +635,7 @@ class CostBasedFusionPass(PyPass):
         if len(g.members) != 1:
             return False
         n = nodes[g.members[0]]
-        if not n.fusable or n.escapes or n.cube or n.pattern > INJECTIVE or len(n.users) < 2:
+        if n.locked is not None or not n.fusable or n.escapes or n.cube or n.pattern > INJECTIVE or len(n.users) < 2:
             return False
         cons = {owner.get(u) for u in n.users}
         return len(cons) >= 2 and all(nodes[u].fusable for u in n.users)
@@ -594,8 +682,13 @@ class CostBasedFusionPass(PyPass):
         return touched
 
     # ---- emission ------------------------------------------------------------------------------------------
+    def _pattern_of(self, g, nodes):
+        pids = {nodes[m].locked for m in g.members if nodes[m].locked is not None}
+        return self._patterns[min(pids)] if pids else None
+
     def _emit(self, block, nodes, groups, owner, group_of, model, bb, section, target, cost_of):
-        fused = [g for g in groups.values() if len(g.members) > 1]
+        fused = [g for g in groups.values() if len(g.members) > 1 and not (
+            self._pattern_of(g, nodes) is not None and sorted(self._pattern_of(g, nodes)["nodes"]) == sorted(g.members))]
         if not fused:
             return block
         # units in a topological order that follows the original binding order where it can
@@ -631,8 +724,12 @@ class CostBasedFusionPass(PyPass):
         bindings = []
         for gid in order:
             g = groups[gid]
-            if len(g.members) == 1:
-                bindings.append(block.bindings[g.members[0]])
+            pat = self._pattern_of(g, nodes)
+            if len(g.members) == 1 and pat is None:
+                bindings.append(nodes[g.members[0]].binding)
+                continue
+            if pat is not None and sorted(pat["nodes"]) == sorted(g.members):
+                bindings.append(pat["binding"])      # an untouched pattern group stays as it was
                 continue
             bindings += self._emit_group(g, block, nodes, model, group_of, bb, section, target, cost_of)
         return relax.DataflowBlock(bindings)
@@ -647,11 +744,19 @@ class CostBasedFusionPass(PyPass):
             params.append(pv)
             remap[key] = pv
         names = [nodes[m].name for m in members]
-        name = "fused_" + "_".join(names)
+        pat = self._pattern_of(g, nodes)
+        attrs = {"Primitive": True}
+        if pat is not None:
+            # keep the pattern's kernel name (and its Composite name for the kernel table), plus what joined it
+            extra = [nodes[m].name for m in members if nodes[m].locked is None]
+            name = pat["gv"] + "_" + "_".join(extra) if extra else pat["gv"] + "_merged"
+            attrs["Composite"] = pat["name"]
+        else:
+            name = "fused_" + "_".join(names)
         if len(name) > 80:
             name = name[:80]
         fbb = relax.BlockBuilder()
-        with fbb.function(name, params, attrs={"Primitive": True}, private=True):
+        with fbb.function(name, params, attrs=attrs, private=True):
             with fbb.dataflow():
                 local = dict(remap)
                 out_vals = {}
@@ -686,7 +791,8 @@ class CostBasedFusionPass(PyPass):
                 bindings.append(relax.VarBinding(nodes[o].var, bb.normalize(relax.TupleGetItem(tmp, i))))
         c = cost_of(g)
         section["groups"].append({
-            "name": gv.name_hint, "ops": names, "outputs": len(outs), "inputs": len(ins),
+            "name": gv.name_hint, "ops": names, "pattern": pat["name"] if pat is not None else None,
+            "outputs": len(outs), "inputs": len(ins),
             "modeled_gm_bytes": int(c.dense_bytes) if c else None,
             "modeled_gm_bytes_padded": int(c.gm_bytes) if c else None, "tiles": c.tiles if c else None,
             "modeled_time_us": round(c.time_us(target), 4) if c else None,

@@ -1,0 +1,39 @@
+"""The grouping pass inside the ascendfuse pipeline on small workloads: numbers, launches, traffic table."""
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_same_numbers, kernel_count
+from tvm_ascendfuse.frontend import import_onnx
+from tvm_ascendfuse.workloads import bert_layer, llama_block, resnet_basic_block
+
+OFF = {"CostBasedFusionPass": "off"}
+
+
+def _check(model):
+    mod = import_onnx(model)
+    ours = assert_same_numbers(mod)
+    fallback = assert_same_numbers(mod, switches=OFF)
+    return ours, fallback
+
+
+def test_bert_layer_small_pattern_groups_absorb_layout_and_layernorm():
+    ours, fallback = _check(bert_layer(seq=16, hidden=64, heads=4, ffn=128))
+    assert kernel_count(ours) <= 8 < kernel_count(fallback)
+    assert ours.report.get("CostBasedFusionPass").effect_times > 0
+    t = ours.report.sections["traffic"]
+    assert t["ours"]["launches"] == kernel_count(ours)
+    assert t["ours"]["modeled_time_us"] <= t["tvm_default"]["modeled_time_us"]
+    assert t["lower_bound"]["gm_bytes"] <= t["ours"]["gm_bytes"]
+
+
+def test_llama_block_small():
+    ours, fallback = _check(llama_block(seq=16, hidden=64, heads=4, ffn=96))
+    assert kernel_count(ours) <= kernel_count(fallback)
+    t = ours.report.sections["traffic"]
+    assert t["ours"]["modeled_time_us"] <= t["tvm_default"]["modeled_time_us"]
+
+
+def test_resnet_basic_block_small():
+    ours, _ = _check(resnet_basic_block(channels=8, hw=8))
+    assert kernel_count(ours) == 2

@@ -1,0 +1,93 @@
+"""Put the per-model traffic table (ours, TVM default fusion, compulsory lower bound) into the report.
+
+``TrafficBaseline`` runs first in the UB-fusion phase: on the module as it enters UB fusion it counts what
+TVM's default fusion (``relax.get_default_pipeline``: LegalizeOps, AnnotateTIROpPattern, FoldConstant,
+FuseOps, FuseTIR) would launch, and the compulsory bytes. ``TrafficAccounting`` runs after FuseTIR and
+counts our kernels. All times are modeled NPU times; bytes are counted on the TIR (see ``traffic.py``).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+from ..passbase import PyPass
+from ..report import FusionReport
+from .traffic import lower_bound, traffic_summary
+
+
+def tvm_default_fusion(mod: tvm.IRModule, tvm_target) -> tvm.IRModule:
+    """TVM's default CPU pipeline up to and including FuseTIR."""
+    with tvm_target:
+        seq = [*cpu.library_dispatch_passes(tvm_target), *cpu.legalize_passes(tvm_target)]
+        return relax.transform.DeadCodeElimination()(tvm.transform.Sequential(seq)(mod))
+
+
+def _brief(summary: dict) -> dict:
+    return {"launches": summary["launches"], "gm_bytes": summary["gm_bytes"],
+            "modeled_time_us": summary["modeled_time_us"]}
+
+
+def traffic_table(original: tvm.IRModule, ours_fused: tvm.IRModule, target, tvm_target=None) -> dict:
+    """The three rows of the traffic table for one model (for benchmarks: ``original`` is the import)."""
+    from ..target import get_target
+
+    npu = get_target(target)
+    tvm_target = tvm_target or npu.host_target(portable=True)
+    ours = traffic_summary(ours_fused, npu)
+    default = traffic_summary(tvm_default_fusion(original, tvm_target), npu)
+    lb = lower_bound(original, npu)
+    return {
+        "ours": _brief(ours), "tvm_default": _brief(default), "lower_bound": lb,
+        "gm_bytes_vs_lower_bound": round(ours["gm_bytes"] / lb["gm_bytes"], 4) if lb["gm_bytes"] else None,
+        "modeled_speedup_vs_tvm_default": round(default["modeled_time_us"] / ours["modeled_time_us"], 4)
+        if ours["modeled_time_us"] else None,
+        "assumptions": sorted(set(ours["assumptions"]) | set(default["assumptions"])),
+        "kernels": ours["kernels"],
+    }
+
+
+class TrafficBaseline(PyPass):
+    """Counts TVM's default fusion and the lower bound on the module entering UB fusion."""
+
+    def __init__(self, target, report: FusionReport, tvm_target):
+        self.target, self.report, self.tvm_target = target, report, tvm_target
+
+    def pass_name(self) -> str:
+        return "AscendTrafficBaseline"
+
+    def transform_module(self, mod):
+        sec = self.report.sections.setdefault("traffic", {})
+        try:
+            default = traffic_summary(tvm_default_fusion(mod, self.tvm_target), self.target)
+            sec["tvm_default"] = _brief(default)
+            sec["lower_bound"] = lower_bound(mod, self.target)
+            sec["baseline_input"] = "module entering UB fusion (after graph fusion)"
+        except Exception as err:   # the baseline is informative only; never fail a compile over it
+            sec["tvm_default"] = {"error": f"{type(err).__name__}: {err}"[:300]}
+        return mod
+
+
+class TrafficAccounting(PyPass):
+    """Counts our kernels after FuseTIR and completes ``report.sections['traffic']``."""
+
+    def __init__(self, target, report: FusionReport):
+        self.target, self.report = target, report
+
+    def pass_name(self) -> str:
+        return "AscendTrafficAccounting"
+
+    def transform_module(self, mod):
+        sec = self.report.sections.setdefault("traffic", {})
+        ours = traffic_summary(mod, self.target)
+        sec["ours"] = _brief(ours)
+        sec["kernels"] = ours["kernels"]
+        sec["assumptions"] = ours["assumptions"]
+        lb = sec.get("lower_bound", {}).get("gm_bytes")
+        if lb:
+            sec["gm_bytes_vs_lower_bound"] = round(ours["gm_bytes"] / lb, 4)
+        d = sec.get("tvm_default", {}).get("modeled_time_us")
+        if d and ours["modeled_time_us"]:
+            sec["modeled_speedup_vs_tvm_default"] = round(d / ours["modeled_time_us"], 4)
+        return mod
