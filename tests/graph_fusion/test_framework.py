@@ -1,4 +1,5 @@
-"""GraphRewritePass machinery: a failing matcher is recorded and the graph left alone; outermost match wins."""
+"""GraphRewritePass machinery: a failing matcher is recorded and the graph left alone; products flatten
+only through single-use values."""
 
 import tvm
 from tvm import relax

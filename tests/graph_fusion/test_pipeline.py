@@ -114,3 +114,15 @@ def test_csp_split_then_fold():
     assert not any("batch_norm" in k["ops"] for k in kernels)
     conv_act = [k for k in kernels if k["ops"][0] == "conv2d" and "leaky_relu" in k["ops"]]
     assert sum(k["launches"] for k in conv_act) == 2, kernels      # conv + bias + act, once per part
+
+
+def test_gemm_bn_folds_after_transpose_fold():
+    """Gemm(transB) -> BatchNormalization: the weight transpose is folded first, then BN into the matmul."""
+    inits = {"W": RNG.standard_normal((6, 5)).astype("float32"), "B": RNG.standard_normal(6).astype("float32"),
+             "g": RNG.random(6, "float32") + .5, "b": RNG.standard_normal(6).astype("float32"),
+             "m": RNG.standard_normal(6).astype("float32"), "v": RNG.random(6, "float32") + .5}
+    nodes = [N("Gemm", ["x", "W", "B"], ["h"], transB=1), N("BatchNormalization", ["h", "g", "b", "m", "v"], ["y"])]
+    result = assert_same_numbers(import_onnx(onnx_model(nodes, {"x": (3, 5)}, {"y": (3, 6)}, inits)))
+    assert counts(result, "MatMulBiasAddFusionPass") == (1, 1)
+    assert counts(result, "ConvBatchnormFusionPass") == (1, 1)
+    assert [k["ops"] for k in result.report.kernels] == [["matmul", "add"]]
