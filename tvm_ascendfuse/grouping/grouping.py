@@ -296,6 +296,12 @@ class CostBasedFusionPass(PyPass):
             inner = self._pattern_body(v, mod) if v is not None else None
             if inner is not None:
                 pfunc, calls = inner
+                smap = _symbolic_map(pfunc.params, v.args)
+                if smap:
+                    # the pattern function's own symbolic dims (its "n") -> the caller's, so the call_tir
+                    # output types copied into a merged group refer to vars the group's params define
+                    pfunc = pfunc.bind_symbolic_vars(smap)
+                    calls = list(pfunc.body.blocks[0].bindings)
                 pid = len(self._patterns)
                 remap = {pp: a for pp, a in zip(pfunc.params, v.args)}
                 ids = []
@@ -721,6 +727,17 @@ class CostBasedFusionPass(PyPass):
                     heapq.heappush(ready, (order_key[r], r))
         if len(order) != len(deps):
             raise RuntimeError("CostBasedFusionPass produced a cyclic grouping (internal error)")
+        # A node duplicated into several groups reads its producer in each of them, so a value must leave its
+        # group whenever any other unit reads it (outputs() alone only sees the producer's own user list).
+        read_by: dict = {}
+        for g in groups.values():
+            used = set(model.inputs(g.members))
+            for m in g.members:
+                if nodes[m].call is None and isinstance(nodes[m].binding, relax.VarBinding):
+                    used |= set(_free_vars(nodes[m].binding.value))
+            for var in used:
+                read_by.setdefault(var, set()).add(g.gid)
+        self._read_by = read_by
         bindings = []
         for gid in order:
             g = groups[gid]
@@ -737,7 +754,9 @@ class CostBasedFusionPass(PyPass):
     def _emit_group(self, g, block, nodes, model, group_of, bb, section, target, cost_of):
         members = g.members
         ins = model.inputs(members)
-        outs = model.outputs(members, group_of)
+        outs = set(model.outputs(members, group_of))
+        outs |= {m for m in members if self._read_by.get(nodes[m].var, set()) - {g.gid}}
+        outs = [m for m in members if m in outs]
         params, remap = [], {}
         for i, key in enumerate(ins):
             pv = relax.Var(f"p{i}", key.ty)
@@ -810,6 +829,20 @@ def _single_cost(model, m, group_of):
 
 def _label(nodes, members) -> str:
     return "+".join(nodes[m].name or nodes[m].var.name for m in members)
+
+
+def _symbolic_map(params, args) -> dict:
+    """tirx.Var dims of a callee's params -> the matching dims of the call's arguments (when different)."""
+    smap = {}
+    for p, a in zip(params, args):
+        pshape, ashape = getattr(p.ty, "shape", None), getattr(a.ty, "shape", None)
+        pvals, avals = getattr(pshape, "values", None), getattr(ashape, "values", None)
+        if pvals is None or avals is None or len(pvals) != len(avals):
+            continue
+        for pd, ad in zip(pvals, avals):
+            if isinstance(pd, tirx.Var) and pd not in smap and not pd.same_as(ad):
+                smap[pd] = ad
+    return smap
 
 
 def _free_vars(expr) -> list:
