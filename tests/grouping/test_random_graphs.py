@@ -22,7 +22,7 @@ def _launches_saved(report):
     return rec.effect_times
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(min_value=0, max_value=10**6))
 def test_property_grouping_preserves_numbers(seed):
     _, report, before, after = check_equivalent(random_graph(seed), seed)
