@@ -93,11 +93,12 @@ class FunctionGraph:
     def __init__(self, func: relax.Function):
         self.func = func
         self.var2val = relax.analysis.get_var2val(func)
-        self.order: list[relax.Var] = []
+        self.order: list[relax.Var] = []                    # candidate roots, in binding order
         self.users: dict[Any, list] = defaultdict(list)   # var -> binding vars using it (None = returned)
         for block in func.body.blocks:
             for binding in block.bindings:
-                self.order.append(binding.var)
+                if isinstance(binding, relax.VarBinding):   # match_cast roots are never rewritten
+                    self.order.append(binding.var)
                 for used in relax.analysis.free_vars(binding.value):
                     self.users[used].append(binding.var)
         for used in relax.analysis.free_vars(func.body.body):
