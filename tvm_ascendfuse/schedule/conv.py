@@ -25,7 +25,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
 from .common import extent, ok, root_blocks, try_
-from .fastmath import fast_erf
+from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
 from .matmul import _LOAD, _has_reduce, _strip_cast, _vectorize_inner, parallel_vector
@@ -129,7 +129,7 @@ class Conv2dRule(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc):
             return None
         try:
-            sch = s_tir.Schedule(tvm.IRModule({"main": fast_erf(func)}))
+            sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
             blocks = list(root_blocks(sch))
             reductions = [i for i, b in enumerate(blocks) if _has_reduce(sch, b)]
             if len(reductions) != 1:

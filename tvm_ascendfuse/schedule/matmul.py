@@ -25,9 +25,9 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
 from .common import extent, ok, root_blocks, try_
-from .fastmath import fast_erf
+from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
-from .layout import mark_prepack, packable_param
+from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
 
 
 _LOG = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ class MatmulRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": fast_erf(func)}))
+        sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
         try:
             found = find_gemm(sch)
         except _ERRORS:
@@ -253,19 +253,36 @@ class MatmulRule(ScheduleRule):
 
     # ------------------------------------------------------------------------------------------------
     def _schedule(self, sch, blocks, gi, info: GemmBlock, target, hv: HostVector):
+        mm_name = sch.get(info.block).name_hint
+        pro = [b for b in blocks[:gi] if not _is_preproc(sch, b)]
+        schedule_prologue(sch, pro, hv, mm_name)      # inlines transposes/casts: roles may now be params
+        _, gi, info = find_gemm(sch)
         mm = info.block
-        stage = schedule_prologue(sch, blocks[:gi], hv, sch.get(mm).name_hint)
         loops = sch.get_loops(mm)
         ext = lambda p: extent(sch, loops[p])  # noqa: E731
         c_dtype = str(info.c_buf.ty.dtype)
-        t = choose_tiles(ext(info.m[-1]), ext(info.n), ext(info.k), c_dtype, hv, _target(target))
+        m_ext, n_ext = ext(info.m[-1]), ext(info.n)
+        t = choose_tiles(m_ext, n_ext, ext(info.k), c_dtype, hv, _target(target))
+        pad_m = m_ext is None or m_ext % t.mr != 0
+        pad_n = n_ext is None or n_ext % t.nr != 0
         packed = False
-        if self.prepack and info.b_read is not None:
-            param = packable_param(sch, info.b_buf)
-            n_ext = ext(info.n)
-            if param is not None and n_ext is not None and n_ext % t.nr == 0:
-                mark_prepack(sch, mm, info.b_read, _pack_map(info, t.nr, len(info.b_buf.ty.shape)))
-                packed = True
+        if self.prepack and not pad_n and packable_param(sch, info.b_buf) is not None:
+            mark_prepack(sch, mm, info.b_read, _pack_map(info, t.nr, len(info.b_buf.ty.shape)))
+            packed = True
+        before = {sch.get(b).name_hint for b in root_blocks(sch)}
+        if pad_m or pad_n:
+            # tails become whole register blocks over zero-padded operands: every tile (and so every UB
+            # buffer) has a constant size, and the micro-kernel needs no predicate
+            padding = [1] * len(sch.get(mm).iter_vars)
+            padding[info.m[-1]] = t.mr if pad_m else 1
+            padding[info.n] = t.nr if pad_n else 1
+            sch.pad_einsum(mm, padding)
+        blocks = list(root_blocks(sch))
+        names = [sch.get(b).name_hint for b in blocks]
+        gi = names.index(mm_name)
+        pads = [b for b, nm in zip(blocks[:gi], names[:gi]) if nm not in before]
+        for b in pads:
+            parallel_vector(sch, b, hv.lanes(str(info.a_buf.ty.dtype)))
         loops = sch.get_loops(mm)
         outer = [loops[p] for p in info.batch] + [loops[p] for p in info.m[:-1]]
         i0, i1 = sch.split(loops[info.m[-1]], [None, t.mr])
@@ -279,7 +296,7 @@ class MatmulRule(ScheduleRule):
         kl = [ko, k0, k1] if ko is not None else [k0, k1]
         sch.reorder(*outer, j0, i0, *kl, i1, j1, j2)
         epi = list(blocks[gi + 1:])
-        if epi:
+        if epi or pad_m or pad_n:
             sch.set_scope(mm, 0, UB_SCOPE)                    # mr x nr accumulator tile
         else:                                                 # the GEMM writes the output: stage it
             epi = [sch.cache_write(mm, 0, UB_SCOPE)]
@@ -298,8 +315,7 @@ class MatmulRule(ScheduleRule):
         il = sch.get_loops(init)
         try_(sch.vectorize, il[-1])
         try_(sch.unroll, il[-2])
-        sch.annotate(mm, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}")
-        del stage
+        sch.annotate(mm, "ascendfuse.schedule", f"{'packed ' if packed else ''}{'padded ' if pad_m or pad_n else ''}{t}")
         return sch
 
     def _epilogue(self, sch, epi_blocks, i0, lanes):
@@ -315,6 +331,10 @@ class MatmulRule(ScheduleRule):
                 parallel_vector(sch, b, lanes)
                 continue
             _vectorize_inner(sch, b, lanes)
+
+
+def _is_preproc(sch, block) -> bool:
+    return PREPROC_ANNOTATION in sch.get(block).annotations
 
 
 def _still_exists(sch, block) -> bool:

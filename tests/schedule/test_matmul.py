@@ -1,0 +1,178 @@
+"""MatmulRule: numbers equal to the unscheduled kernel on odd, symbolic, fp16, batched, transposed and
+LayerNorm-prologue GEMMs; UB use within both presets; weight prepacking exact through the Relax passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.relax import op
+
+from tests.helpers import tol
+from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
+from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.matmul import MatmulRule, choose_tiles, find_gemm
+from tvm_ascendfuse.schedule.hostvec import HostVector, host_vector
+from tvm_ascendfuse.target import get_target
+
+
+def linear_relu(x, w, b):
+    return op.nn.relu(op.add(op.matmul(x, w), b))
+
+
+@pytest.mark.parametrize("host", [HOST, NATIVE], ids=["portable", "native"])
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (37, 70, 45), (5, 8, 6), (1, 40, 24)])
+def test_linear_bias_relu_odd_sizes(m, k, n, host):
+    mod = check_rule(MatmulRule(), fused_kernel(linear_relu, [(m, k), (k, n), (n,)]), host=host)
+    assert "local.UB" in mod.script()
+
+
+def test_batched_3d_by_2d_with_gelu_epilogue():
+    def build(x, w, b):
+        return op.nn.gelu(op.add(op.matmul(x, w), b))
+
+    mod = check_rule(MatmulRule(), fused_kernel(build, [(2, 13, 24), (24, 40), (40,)]), host=NATIVE)
+    assert "T.erf(" not in mod.script()         # erf became the vectorisable polynomial
+
+
+def test_batched_matmul_without_epilogue():
+    check_rule(MatmulRule(), fused_kernel(lambda a, b: op.matmul(a, b), [(3, 20, 24), (3, 24, 17)]), host=NATIVE)
+
+
+def test_transposed_weight_inside_the_kernel():
+    def build(x, w, b, r):
+        return op.add(op.nn.relu(op.add(op.matmul(x, op.permute_dims(w)), b)), r)   # + residual
+
+    check_rule(MatmulRule(), fused_kernel(build, [(19, 32), (48, 32), (48,), (19, 48)]), host=NATIVE)
+
+
+def test_layernorm_prologue():
+    def build(x, g, b, w, bias):
+        return op.nn.gelu(op.add(op.matmul(op.nn.layer_norm(x, g, b, axes=[-1]), w), bias))
+
+    check_rule(MatmulRule(), fused_kernel(build, [(1, 20, 48), (48,), (48,), (48, 64), (64,)]), host=NATIVE)
+
+
+@pytest.mark.parametrize("rows", [1, 13, 32])
+def test_symbolic_sequence_length(rows):
+    n = tirx.Var("n", "int64")
+    func = fused_kernel(linear_relu, [(1, n, 40), (40, 48), (48,)])
+    check_rule(MatmulRule(), func, host=NATIVE, sizes={"n": rows})
+
+
+def test_float16():
+    check_rule(MatmulRule(), fused_kernel(linear_relu, [(21, 24), (24, 40), (40,)], dtype="float16"), host=NATIVE)
+
+
+def test_declines_non_gemm_kernels():
+    add = fused_kernel(lambda a, b: op.nn.relu(op.add(a, b)), [(8, 16), (8, 16)])
+    conv = fused_kernel(lambda x, w: op.nn.conv2d(x, w), [(1, 4, 8, 8), (8, 4, 3, 3)])
+    norm = fused_kernel(lambda x: op.sum(x, axis=[1]), [(8, 16)])
+    for func in (add, conv, norm):
+        assert MatmulRule().apply(func, get_target("ascend910b"), HOST) is None
+
+
+def test_recognises_roles_not_names():
+    """W enters as (N, K) through a transpose inside the kernel: after inlining, the rule finds N and K
+    on the parameter's axes and packs it, whatever the kernel is called."""
+    func = fused_kernel(lambda x, w: op.matmul(x, op.permute_dims(w)), [(6, 10), (32, 10)])
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    _, _, info = find_gemm(sch)
+    assert (len(info.m), info.b_n_axis, info.b_k_axis) == (1, 1, 0)     # the transpose's output is (K, N)
+    func = func.with_attr("global_symbol", "some_unrelated_name").with_attr("layout_free_buffers", [1])
+    mod = check_rule(MatmulRule(), func, host=NATIVE)
+    assert "layout_rewrite_preproc" in mod.script() and "T_transpose" not in mod.script()
+
+
+@pytest.mark.parametrize("preset", ["ascend910b", "ascend310p"])
+@pytest.mark.parametrize("shape", [(64, 256, 128), (37, 70, 45), (128, 768, 96)])
+def test_on_chip_bytes_within_capacity(preset, shape):
+    m, k, n = shape
+    target = get_target(preset)
+    func = fused_kernel(linear_relu, [(m, k), (k, n), (n,)])
+    for stage_a in (False, True):
+        sch = MatmulRule(stage_a=stage_a).apply(func, target, NATIVE)
+        usage = kernel_usage("k", sch.mod["main"], target)
+        ub = usage.bytes("local.UB")
+        assert 0 < ub <= target.capacity("local.UB"), (preset, shape, ub)
+        assert not usage.symbolic("local.UB")
+        for scope in ("local.L1", "local.L0A", "local.L0B", "local.L0C"):
+            assert usage.bytes(scope) <= target.capacity(scope)
+
+
+def test_staged_a_panel_is_exact_and_split_by_ub():
+    target = get_target("ascend910b")
+    func = fused_kernel(linear_relu, [(16, 2400), (2400, 32), (32,)])
+    mod = check_rule(MatmulRule(stage_a=True), func, host=NATIVE, target=target)
+    usage = kernel_usage("k", mod["main"], target)
+    assert usage.bytes("local.UB") <= target.ub_usable
+    assert len([a for a in usage.allocations if a.scope == "local.UB"]) == 2   # accumulator + A panel
+
+
+def test_tiles_follow_host_vector_width():
+    npu = get_target("ascend910b")
+    avx512 = choose_tiles(64, 1024, 1024, "float32", HostVector(512, 32, 2), npu)
+    sse = choose_tiles(64, 1024, 1024, "float32", HostVector(128, 16, 2), npu)
+    assert (avx512.vl, avx512.mr * avx512.nvec) == (16, 16)
+    assert (sse.vl, sse.mr * sse.nvec) == (4, 8)
+    assert host_vector(NATIVE).bits >= host_vector(HOST).bits
+
+
+# ---- weight prepacking through the Relax passes -----------------------------------------------------
+
+def _relax_linear(w, b, m=16):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, w.shape[0]), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(op.nn.relu(op.add(op.matmul(x, relax.const(w)), relax.const(b))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@tvm.transform.module_pass(opt_level=0, name="ScheduleGemmsForTest")
+def _schedule_gemms(mod, _ctx):
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tirx.PrimFunc):
+            sch = MatmulRule().apply(func, get_target("ascend910b"), NATIVE)
+            if sch is not None:
+                mod[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return mod
+
+
+def _build(mod, prepack_passes=True):
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
+              relax.transform.FuseTIR()]
+    if prepack_passes:
+        passes.append(relax.transform.AttachAttrLayoutFreeBuffers())
+    passes.append(_schedule_gemms)
+    if prepack_passes:
+        passes += [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
+                   relax.transform.DeadCodeElimination()]
+    return tvm.transform.Sequential(passes)(mod)
+
+
+def test_constant_weight_is_packed_once_at_compile_time():
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((40, 64)).astype("float32"), rng.standard_normal(64).astype("float32")
+    lowered = _build(_relax_linear(w, b))
+    names = [gv.name_hint for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)]
+    assert any(n.endswith("_prepacked") for n in names)
+    assert not any(n.endswith("_weight_prepack") for n in names)     # folded away by FoldConstant
+    kernel = next(f for gv, f in lowered.functions.items() if gv.name_hint.endswith("_prepacked"))
+    assert len(kernel.params[1].ty.shape) == 3                          # (N/nr, K, nr)
+    x = rng.standard_normal((16, 40)).astype("float32")
+    ex = tvm.compile(lowered, target=NATIVE)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), **tol("float32"))
+
+
+def test_weight_computed_at_run_time_is_not_packed():
+    func = fused_kernel(linear_relu, [(16, 40), (40, 64), (64,)])          # no layout_free_buffers attr
+    sch = MatmulRule().apply(func, get_target("ascend910b"), NATIVE)
+    assert "layout_rewrite_preproc" not in sch.mod.script()
+    packed = MatmulRule().apply(func.with_attr("layout_free_buffers", [1]), get_target("ascend910b"), NATIVE)
+    assert "layout_rewrite_preproc" in packed.mod.script()
+    # the packing block inside the kernel is exact even without the Relax passes that lift it out
+    check_rule(MatmulRule(), func.with_attr("layout_free_buffers", [1]), host=NATIVE)
