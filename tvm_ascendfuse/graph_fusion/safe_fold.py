@@ -18,7 +18,7 @@ from ..passbase import PyPass
 
 def is_well_formed(mod: tvm.IRModule) -> bool:
     try:
-        return bool(relax.analysis.well_formed(mod))
+        return bool(relax.analysis.check_well_formed(mod))   # well_formed() returns None (raises on error)
     except Exception:   # 0.27 raises for an undefined GlobalVar instead of returning False
         return False
 
