@@ -1,0 +1,104 @@
+"""Conv2dRule: numbers equal to the unscheduled kernel for every conv shape family of the workloads
+(1x1/3x3/7x7, stride 1/2, Focus 6x6 s2, residual epilogue, odd sizes, fp16, symbolic batch); UB use within
+both presets; grouped/depthwise convs declined (the fallback schedules them)."""
+
+from __future__ import annotations
+
+import pytest
+from tvm import tirx
+from tvm.relax import op
+
+from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
+from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.conv import Conv2dRule, choose_conv_tiles
+from tvm_ascendfuse.schedule.hostvec import HostVector
+from tvm_ascendfuse.target import get_target
+
+
+def conv_bias_relu(stride=1, pad=0):
+    def build(x, w, b):
+        return op.nn.relu(op.add(op.nn.conv2d(x, w, strides=stride, padding=[pad] * 4), b))
+    return build
+
+
+CASES = {
+    # name: (x shape, w shape, stride, pad)
+    "3x3_odd": ((1, 5, 13, 11), (7, 5, 3, 3), 1, 1),
+    "3x3_s2": ((1, 8, 15, 15), (32, 8, 3, 3), 2, 1),
+    "1x1": ((1, 24, 10, 10), (48, 24, 1, 1), 1, 0),
+    "1x1_s2": ((1, 16, 14, 14), (32, 16, 1, 1), 2, 0),
+    "7x7_s2": ((1, 3, 22, 22), (16, 3, 7, 7), 2, 3),
+    "focus_6x6_s2": ((1, 12, 20, 20), (16, 12, 6, 6), 2, 2),
+    "batch2": ((2, 8, 9, 9), (16, 8, 3, 3), 1, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_conv_bias_relu(name):
+    xs, ws, stride, pad = CASES[name]
+    func = fused_kernel(conv_bias_relu(stride, pad), [xs, ws, (1, ws[0], 1, 1)])
+    mod = check_rule(Conv2dRule(), func, host=NATIVE)
+    assert "local.UB" in mod.script()
+
+
+def test_portable_host():
+    func = fused_kernel(conv_bias_relu(1, 1), [(1, 8, 9, 9), (16, 8, 3, 3), (1, 16, 1, 1)])
+    check_rule(Conv2dRule(), func, host=HOST)
+
+
+def test_residual_add_then_relu():
+    def build(x, w, b, r):
+        return op.nn.relu(op.add(op.add(op.nn.conv2d(x, w), b), r))
+
+    check_rule(Conv2dRule(), fused_kernel(build, [(1, 16, 7, 7), (32, 16, 1, 1), (1, 32, 1, 1), (1, 32, 7, 7)]),
+               host=NATIVE)
+
+
+def test_conv_without_epilogue_and_packed_weight():
+    func = fused_kernel(lambda x, w: op.nn.conv2d(x, w, padding=[1] * 4), [(1, 8, 10, 10), (32, 8, 3, 3)])
+    mod = check_rule(Conv2dRule(), func.with_attr("layout_free_buffers", [1]), host=NATIVE)
+    assert "layout_rewrite_preproc" in mod.script()      # OIHW -> (OC/ocb, IC, KH, KW, ocb), exact
+
+
+def test_unpacked_when_weight_is_not_constant():
+    func = fused_kernel(conv_bias_relu(1, 1), [(1, 8, 10, 10), (32, 8, 3, 3), (1, 32, 1, 1)])
+    mod = check_rule(Conv2dRule(), func, host=NATIVE)
+    assert "layout_rewrite_preproc" not in mod.script()
+
+
+def test_float16():
+    func = fused_kernel(conv_bias_relu(1, 1), [(1, 4, 9, 9), (16, 4, 3, 3), (1, 16, 1, 1)], dtype="float16")
+    check_rule(Conv2dRule(), func, host=NATIVE)
+
+
+def test_symbolic_batch():
+    n = tirx.Var("n", "int64")
+    func = fused_kernel(conv_bias_relu(1, 1), [(n, 4, 8, 8), (16, 4, 3, 3), (1, 16, 1, 1)])
+    check_rule(Conv2dRule(), func, host=NATIVE, sizes={"n": 3})
+
+
+def test_declines_grouped_depthwise_and_matmul():
+    grouped = fused_kernel(lambda x, w: op.nn.conv2d(x, w, groups=2), [(1, 8, 6, 6), (8, 4, 3, 3)])
+    depthwise = fused_kernel(lambda x, w: op.nn.conv2d(x, w, groups=8), [(1, 8, 6, 6), (8, 1, 3, 3)])
+    mm = fused_kernel(lambda a, b: op.matmul(a, b), [(8, 8), (8, 8)])
+    for func in (grouped, depthwise, mm):
+        assert Conv2dRule().apply(func, get_target("ascend910b"), NATIVE) is None
+
+
+@pytest.mark.parametrize("preset", ["ascend910b", "ascend310p"])
+@pytest.mark.parametrize("name", ["3x3_odd", "7x7_s2", "focus_6x6_s2", "1x1"])
+def test_ub_bytes_within_capacity(preset, name):
+    xs, ws, stride, pad = CASES[name]
+    target = get_target(preset)
+    func = fused_kernel(conv_bias_relu(stride, pad), [xs, ws, (1, ws[0], 1, 1)])
+    usage = kernel_usage("k", Conv2dRule().apply(func, target, NATIVE).mod["main"], target)
+    assert 0 < usage.bytes("local.UB") <= target.capacity("local.UB")
+    assert not usage.symbolic("local.UB")
+
+
+def test_tiles_from_host_registers():
+    npu = get_target("ascend910b")
+    t = choose_conv_tiles(128, 56, "float32", HostVector(512, 32, 2), npu)
+    assert (t.ocb, t.owr) == (32, 8)                       # 2 x 8 = 16 zmm accumulators
+    t = choose_conv_tiles(64, 28, "float32", HostVector(256, 16, 2), npu)
+    assert t.vl == 8 and t.ocr * t.owr <= 8 and 28 % t.owr == 0
