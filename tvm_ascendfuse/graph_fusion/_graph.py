@@ -88,21 +88,34 @@ def make_const(array: np.ndarray, dtype: str) -> relax.Expr:
 
 
 class FunctionGraph:
-    """Producers and live consumers of every bound variable of one (dead-code-free) function."""
+    """Producers and live consumers of every bound variable of one function.
+
+    Dead bindings (in dataflow blocks, whose bindings are pure) are ignored, so a value whose only other
+    consumer is dead code (e.g. BatchNorm's unused statistics outputs) still counts as single-use.
+    """
 
     def __init__(self, func: relax.Function):
         self.func = func
         self.var2val = relax.analysis.get_var2val(func)
         self.order: list[relax.Var] = []                    # candidate roots, in binding order
-        self.users: dict[Any, list] = defaultdict(list)   # var -> binding vars using it (None = returned)
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                if isinstance(binding, relax.VarBinding):   # match_cast roots are never rewritten
-                    self.order.append(binding.var)
-                for used in relax.analysis.free_vars(binding.value):
-                    self.users[used].append(binding.var)
-        for used in relax.analysis.free_vars(func.body.body):
-            self.users[used].append(None)
+        self.users: dict[Any, list] = defaultdict(list)   # var -> live binding vars using it (None = returned)
+        live = set(relax.analysis.free_vars(func.body.body))
+        kept = []
+        for block in reversed(list(func.body.blocks)):
+            pure = isinstance(block, relax.DataflowBlock)
+            for binding in reversed(list(block.bindings)):
+                if pure and binding.var not in live:
+                    continue
+                used = relax.analysis.free_vars(binding.value)
+                live.update(used)
+                kept.append((binding, used))
+        for binding, used in reversed(kept):
+            if isinstance(binding, relax.VarBinding):   # match_cast roots are never rewritten
+                self.order.append(binding.var)
+            for var in used:
+                self.users[var].append(binding.var)
+        for var in relax.analysis.free_vars(func.body.body):
+            self.users[var].append(None)
 
     # ---- producers ----------------------------------------------------------------------------------
     def value(self, expr):
@@ -270,14 +283,13 @@ class GraphRewritePass(FusionPass):
         raise NotImplementedError
 
     def transform_function(self, func: relax.Function, mod: tvm.IRModule) -> relax.Function:
-        current, changed = func, False
+        current = func
         for _ in range(self.rounds):
-            pruned = relax.analysis.remove_all_unused(current)
-            plan = self._plan(FunctionGraph(pruned))
+            plan = self._plan(FunctionGraph(current))
             if not plan:
                 break
-            current, changed = _Apply(plan).visit_expr(pruned), True
-        return relax.analysis.remove_all_unused(current) if changed else func
+            current = _Apply(plan).visit_expr(current)
+        return current     # dead intermediates go in FusionPass.transform_module's DeadCodeElimination
 
     def _plan(self, graph: FunctionGraph) -> dict:
         plan, claimed, refused = {}, set(), set()
