@@ -16,8 +16,10 @@ Every candidate still open at the end is recorded in the report with the reason 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import tvm
@@ -258,7 +260,10 @@ class CostBasedFusionPass(PyPass):
         self.report.touch(SWITCH)
         target = self.target
         bb = relax.BlockBuilder(mod)
+        t0 = time.perf_counter()
         section = self.report.sections.setdefault("grouping", {"groups": [], "assumptions": []})
+        section["config"] = dataclasses.asdict(self.config)
+        section["assumed_symbolic_dim"] = ASSUMED_SYMBOLIC_DIM
         changed = False
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
@@ -277,6 +282,8 @@ class CostBasedFusionPass(PyPass):
                 body = relax.SeqExpr(new_blocks, func.body.body)
                 new_func = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
                 bb.update_func(gv, new_func)
+        st = section.setdefault("stats", {"merges": 0, "call_tirs": 0, "seconds": 0.0})
+        st["seconds"] = round(st["seconds"] + time.perf_counter() - t0, 3)
         if not changed:
             return mod
         out = bb.get()
@@ -634,6 +641,9 @@ class CostBasedFusionPass(PyPass):
                     self.report.record(SWITCH, False, reason, where=_label(nodes, g.members), kind="duplicate",
                                        **(detail or {}))
         self.stats = {"merges": merges, "groups": sum(1 for g in groups.values() if len(g.members) > 1)}
+        st = section.setdefault("stats", {"merges": 0, "call_tirs": 0, "seconds": 0.0})
+        st["merges"] += merges
+        st["call_tirs"] += sum(1 for n in nodes if n.call is not None)
         return self._emit(block, nodes, groups, owner, group_of, model, bb, section, target, cost_of)
 
     # ---- duplication ---------------------------------------------------------------------------------------
