@@ -4,26 +4,16 @@ import numpy as np
 from onnx import helper
 from tvm import relax
 
-from tests.graph_fusion.common import assert_same_after, assert_switched_off, onnx_model, ops, run_pass
+from tests.graph_fusion.common import assert_same_after, assert_switched_off, build, onnx_model, ops, run_pass
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import ConvBiasAddFusionPass, MatMulBiasAddFusionPass
 
 RNG = np.random.default_rng(2)
+CONV_IN = (1, 3, 6, 6)
 
 
 def const(shape, dtype="float32"):
     return relax.const(RNG.standard_normal(shape).astype(dtype))
-
-
-def build(body, shape=(1, 3, 6, 6), dtype="float32"):
-    """``body(bb, x) -> output`` inside a dataflow block of ``main(x)``."""
-    x = relax.Var("x", relax.TensorType(shape, dtype))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, x))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def conv_chain(bb, x, dtype="float32"):
@@ -36,7 +26,7 @@ def conv_chain(bb, x, dtype="float32"):
 
 
 def test_conv_bias_chain_merged():
-    mod = build(conv_chain)
+    mod = build(conv_chain, CONV_IN)
     out, rec = run_pass(ConvBiasAddFusionPass, mod)
     assert (rec.match_times, rec.effect_times) == (1, 1)
     assert ops(out) == ["nn.conv2d", "add", "nn.relu"]
@@ -49,7 +39,7 @@ def test_conv_bias_chain_merged():
 
 
 def test_conv_bias_fp16():
-    mod = build(lambda bb, x: conv_chain(bb, x, "float16"), dtype="float16")
+    mod = build(lambda bb, x: conv_chain(bb, x, "float16"), CONV_IN, dtype="float16")
     out, rec = run_pass(ConvBiasAddFusionPass, mod)
     assert rec.effect_times == 1 and ops(out) == ["nn.conv2d", "add", "nn.relu"]
     assert_same_after(mod, out)
@@ -68,13 +58,13 @@ def test_conv_bias_onnx_reshape_folded():
 
 def test_conv_not_per_channel_left_alone():
     mod = build(lambda bb, x: relax.op.add(bb.emit(relax.op.nn.conv2d(x, const((4, 3, 3, 3)), padding=1)),
-                                           const((1, 4, 6, 6))))
+                                           const((1, 4, 6, 6))), CONV_IN)
     out, rec = run_pass(ConvBiasAddFusionPass, mod)
     assert rec.match_times == 0 and out.same_as(mod)
 
 
 def test_conv_bias_switched_off():
-    assert_switched_off(ConvBiasAddFusionPass, build(conv_chain), 1)
+    assert_switched_off(ConvBiasAddFusionPass, build(conv_chain, CONV_IN), 1)
 
 
 def test_gemm_import_canonical():
@@ -100,7 +90,7 @@ def matmul_chain(bb, x):
 
 
 def test_matmul_bias_chain():
-    mod = build(matmul_chain, shape=(3, 8))
+    mod = build(matmul_chain, (3, 8))
     out, rec = run_pass(MatMulBiasAddFusionPass, mod)
     assert (rec.match_times, rec.effect_times) == (2, 2)        # the weight fold and the bias merge
     assert ops(out) == ["matmul", "add"]
@@ -110,7 +100,7 @@ def test_matmul_bias_chain():
 
 
 def test_matmul_switched_off():
-    mod = build(matmul_chain, shape=(3, 8))
+    mod = build(matmul_chain, (3, 8))
     assert_switched_off(MatMulBiasAddFusionPass, mod, 2)
     _, rec = run_pass(MatMulBiasAddFusionPass, mod, enabled=False)
     assert sorted(e["kind"] for e in rec.not_effective) == ["fold_weight", "merge_bias"]
