@@ -102,3 +102,27 @@ def test_model_matches_count_within_10_percent(seed):
     for r in rows:
         counted = count_primfunc(prims[r["name"]]).gm_bytes
         assert abs(r["modeled_gm_bytes"] - counted) <= 0.10 * counted, (r, counted)
+
+
+def test_counts_survive_scheduling():
+    """UB tiling (split, cache_read into local.UB, compute_at) changes no GM count and no FLOP count."""
+    from tvm import s_tir
+
+    def body(bb, a, b):
+        return relax.op.nn.relu(relax.op.matmul(a, b))
+    mod = legalize(_build([(64, 32), (32, 64)], body))
+    fused, _, _ = group(_build([(64, 32), (32, 64)], body))
+    [(name, func)] = list(_prims(fused).items())
+    before = count_primfunc(func)
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    mm = sch.get_sblock("matmul")
+    i, j, k = sch.get_loops(mm)
+    i0, i1 = sch.split(i, [None, 16])
+    j0, j1 = sch.split(j, [None, 16])
+    sch.reorder(i0, j0, k, i1, j1)
+    for idx in (0, 1):
+        sch.compute_at(sch.cache_read(mm, idx, "local.UB"), k)
+    after = count_primfunc(sch.mod["main"])
+    assert after.read_bytes == before.read_bytes and after.write_bytes == before.write_bytes
+    assert after.cube_flops == before.cube_flops == 2 * 64 * 32 * 64
+    assert before.gm_bytes == (64 * 32 + 32 * 64 + 64 * 64) * 4

@@ -20,6 +20,7 @@ import dataclasses
 import heapq
 import itertools
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import tvm
@@ -257,6 +258,17 @@ class CostBasedFusionPass(PyPass):
         return current_target_from_tvm() or get_target("ascend910b")
 
     def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
+        """Group; if the grouping itself fails on some construct, fall back to TVM's FuseOps (recorded)."""
+        try:
+            return self._transform(mod)
+        except Exception as err:  # a grouping bug must not cost the user a compile
+            msg = f"{type(err).__name__}: {err}"[:500]
+            warnings.warn(f"CostBasedFusionPass failed, falling back to FuseOps: {msg}")
+            self.report.record(SWITCH, False, CHECK_FAILED, where="module", why="internal error, FuseOps used",
+                               error=msg)
+            return relax.transform.FuseOps()(mod)
+
+    def _transform(self, mod: tvm.IRModule) -> tvm.IRModule:
         self.report.touch(SWITCH)
         target = self.target
         bb = relax.BlockBuilder(mod)
