@@ -86,3 +86,21 @@ def _stride3_model():
     nodes += [helper.make_node("Concat", [f"p{i}" for i in range(4)], ["cat"], axis=1),
               helper.make_node("Conv", ["cat", "W"], ["y"])]
     return import_onnx(onnx_model(nodes, {"x": (1, 3, 12, 12)}, {"y": (1, 6, 4, 4)}, inits))
+
+
+def test_focus_fp16_relax():
+    """The same rewrite on hand-built fp16 Relax (slice order (1,1), (0,0), (1,0), (0,1))."""
+    from tvm import relax
+
+    from tests.graph_fusion.common import build
+
+    def body(bb, x):
+        sl = [bb.emit(relax.op.strided_slice(x, [2, 3], [a, b], [8, 8], [2, 2]))
+              for a, b in [(1, 1), (0, 0), (1, 0), (0, 1)]]
+        cat = bb.emit(relax.op.concat(sl, axis=1))
+        w = relax.const(RNG.standard_normal((6, 12, 3, 3)).astype("float16"))
+        return relax.op.nn.conv2d(cat, w, padding=1)
+    mod = build(body, (1, 3, 8, 8), dtype="float16")
+    out, rec = run_pass(P, mod)
+    assert (rec.match_times, rec.effect_times) == (1, 1) and ops(out) == ["nn.conv2d"]
+    assert_same_after(mod, out)

@@ -92,3 +92,17 @@ def test_dynamic_batch_layer_norm():
     assert rec.effect_times == 1 and ops(out) == ["nn.layer_norm"]
     x = RNG.standard_normal((5, 3, 8)).astype("float32")
     np.testing.assert_allclose(run_reference(out, [x]), run_ort(model, [x]), **tol("float32"))
+
+
+def test_gamma_varying_on_batch_axis():
+    """The affine part does not fit (per row, not per feature): that match is refused, and the plain
+    LayerNorm inside it is still recognised, leaving the multiply after it."""
+    def body(bb, x):
+        n = ln_body(gamma=False)(bb, x)
+        return relax.op.multiply(n, relax.const(RNG.random((4, 1), "float32")))
+    mod = build(body, (4, 8))
+    out, rec = run_pass(P, mod)
+    assert (rec.match_times, rec.effect_times) == (2, 1)
+    assert "normalised shape" in rec.not_effective[0]["failed"]
+    assert ops(out) == ["nn.layer_norm", "multiply"]
+    assert_same_after(mod, out)

@@ -41,3 +41,13 @@ def test_rms_norm_switched_off():
 
 def test_non_trailing_axis_refused():
     assert_refused(P, build(rms_body(axis=0), (8, 8)), "not trailing")
+
+
+def test_rms_norm_without_gamma():
+    def body(bb, x):
+        ms = bb.emit(relax.op.mean(bb.emit(relax.op.multiply(x, x)), axis=[-1], keepdims=True))
+        return relax.op.divide(x, bb.emit(relax.op.sqrt(bb.emit(relax.op.add(relax.const(1e-6), ms)))))
+    mod = build(body, (3, 8))
+    out, rec = run_pass(P, mod)
+    assert rec.effect_times == 1 and ops(out) == ["nn.rms_norm"]
+    assert_same_after(mod, out)
