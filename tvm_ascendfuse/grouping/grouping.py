@@ -494,7 +494,6 @@ class CostBasedFusionPass(PyPass):
 
         def reaches(src: Group, dst: Group, skip_direct: bool) -> bool:
             """Is there a path src -> ... -> dst through some third group?"""
-            lo_dst = span(dst)[1]
             stack = [c for c in consumers(src) if c != dst.gid] if skip_direct else list(consumers(src))
             seen = set()
             while stack:
@@ -504,10 +503,7 @@ class CostBasedFusionPass(PyPass):
                 seen.add(gid)
                 if gid == dst.gid:
                     return True
-                g = groups[gid]
-                if span(g)[0] > lo_dst:
-                    continue
-                stack.extend(consumers(g))
+                stack.extend(consumers(groups[gid]))
             return False
 
         def legal(members, a: Group, b: Group | None):
