@@ -133,9 +133,11 @@ def test_conv_bias_relu_residual_one_kernel():
     assert (before, after) == (5, 1)
 
 
-def test_switching_the_pass_off_in_pipeline_keeps_fuseops(monkeypatch):
-    from tvm_ascendfuse.switches import known_switches
-    assert PASS in known_switches()
+def test_switch_is_registered_as_ub_fusion():
+    from tvm_ascendfuse.switches import UB_FUSION, FusionSwitches, known_switches
+    assert known_switches()[PASS].category == UB_FUSION
+    assert not FusionSwitches.from_flat(f"{PASS}:off").is_on(PASS)
+    # (the pipeline falls back to FuseOps when it is off: tests/grouping/test_pipeline_grouping.py)
 
 
 def test_symbolic_dim_uses_upper_bound_or_records_assumption():
