@@ -1,6 +1,5 @@
 """GM bytes and FLOPs counted on TIR, and the cost model checked against those counts."""
 
-import numpy as np
 import pytest
 import tvm
 from tvm import relax

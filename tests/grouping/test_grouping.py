@@ -1,14 +1,11 @@
 """The grouping pass on hand-made graphs: what it fuses, what it refuses and why, and the numbers."""
 
-import time
 
 import numpy as np
-import pytest
 import tvm
 from tvm import relax
 
 from tests.grouping.util import check_equivalent, group, legalize
-from tvm_ascendfuse.analysis.kernels import launch_count
 from tvm_ascendfuse.grouping.cost import GroupingConfig
 from tvm_ascendfuse.grouping.grouping import CostBasedFusionPass
 from tvm_ascendfuse.report import CAP_HIT, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, FusionReport

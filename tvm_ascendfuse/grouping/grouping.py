@@ -489,9 +489,6 @@ class CostBasedFusionPass(PyPass):
                         out.add(og)
             return out
 
-        def span(g: Group):
-            return min(g.members), max(g.members)
-
         def reaches(src: Group, dst: Group, skip_direct: bool) -> bool:
             """Is there a path src -> ... -> dst through some third group?"""
             stack = [c for c in consumers(src) if c != dst.gid] if skip_direct else list(consumers(src))
