@@ -102,3 +102,14 @@ def test_tiles_from_host_registers():
     assert (t.ocb, t.owr) == (32, 8)                       # 2 x 8 = 16 zmm accumulators
     t = choose_conv_tiles(64, 28, "float32", HostVector(256, 16, 2), npu)
     assert t.vl == 8 and t.ocr * t.owr <= 8 and 28 % t.owr == 0
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_input_channel_chunks_are_exact(chunk):
+    """Chunked input channels (accumulator row kept across chunks) compute the same numbers; with
+    chunk=None the chunk comes from the target's UB (here the input slice exceeds a quarter of it)."""
+    func = fused_kernel(conv_bias_relu(1, 1), [(1, 64, 12, 240), (16, 64, 3, 3), (1, 16, 1, 1)])
+    mod = check_rule(Conv2dRule(channel_chunk=chunk), func, host=NATIVE)
+    assert "rc_0" in mod.script()
+    usage = kernel_usage("k", mod["main"], get_target("ascend910b"))
+    assert usage.bytes("local.UB") <= get_target("ascend910b").ub_usable

@@ -6,12 +6,15 @@ classified by which buffers they index (batch: A, B, C; M: A, C; N: B, C; K: A, 
 be injective (bias, activation, residual add); anything before it is either inlined (transposes, casts of
 parameters) or, when it holds reductions (a LayerNorm feeding the GEMM), scheduled as a row-parallel stage.
 
-Tiling, NPU side: the mr x nr accumulator lives in ``local.UB``; the A panel (mr x kc) is staged in
-``local.UB`` per K chunk, kc chosen so the double-buffered A panel, B panel and accumulator fit usable UB.
-Host side (UB tiling = cache blocking): mr x nr is a register block sized from the host's vector registers
-(AVX-512: 8 x 32 fp32 = 16 zmm accumulators), K unrolled by 4, N vectorised, the outer tiles parallel
-over the host's cores, and the weight re-laid out (N/nr, K, nr) when it is a compile-time constant (see
-``layout.py``): that layout change runs once, before the kernel, and FoldConstant evaluates it.
+Tiling, NPU side: the mr x nr accumulator lives in ``local.UB``; tails of M/N are zero-padded
+(``pad_einsum``) so every tile, and so every UB buffer, has a constant size. With ``stage_a=True`` the A
+panel (mr x kc) is also staged in ``local.UB`` per K chunk, kc chosen so the double-buffered A panel,
+B panel and accumulator fit usable UB; it costs 10-15% on the host (an extra copy per register block),
+so it is off by default. Host side (UB tiling = cache blocking): mr x nr is a register block sized from
+the host's vector registers (AVX-512: 8 x 32 fp32 = 16 zmm accumulators), K unrolled by 4, N vectorised,
+the outer tiles parallel over the host's cores, and the weight re-laid out (N/nr, K, nr) when it is a
+compile-time constant (see ``layout.py``): that layout change runs once, before the kernel, and
+FoldConstant evaluates it.
 """
 
 from __future__ import annotations
