@@ -28,3 +28,14 @@ def test_property_grouping_preserves_numbers(seed):
     _, report, before, after = check_equivalent(random_graph(seed), seed)
     assert after <= before
     assert before - after == _launches_saved(report)
+
+
+@pytest.mark.slow
+def test_fuzz_many_graphs():
+    """The long run: ASCENDFUSE_FUZZ_GRAPHS graphs (default 1000) from seed ASCENDFUSE_FUZZ_SEED."""
+    import os
+    n = int(os.environ.get("ASCENDFUSE_FUZZ_GRAPHS", "1000"))
+    first = int(os.environ.get("ASCENDFUSE_FUZZ_SEED", "0"))
+    for seed in range(first, first + n):
+        _, report, before, after = check_equivalent(random_graph(seed, max_ops=14), seed)
+        assert before - after == _launches_saved(report), seed

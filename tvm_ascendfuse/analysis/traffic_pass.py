@@ -4,6 +4,9 @@
 TVM's default fusion (``relax.get_default_pipeline``: LegalizeOps, AnnotateTIROpPattern, FoldConstant,
 FuseOps, FuseTIR) would launch, and the compulsory bytes. ``TrafficAccounting`` runs after FuseTIR and
 counts our kernels. All times are modeled NPU times; bytes are counted on the TIR (see ``traffic.py``).
+
+The baseline costs a second legalization of the model; skip it with
+``tvm.transform.PassContext(disabled_pass=["AscendTrafficBaseline"])``.
 """
 
 from __future__ import annotations
