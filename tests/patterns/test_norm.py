@@ -30,8 +30,8 @@ def test_layer_norm_matmul_bias():
                  "ascendfuse.norm.layer_norm_matmul_bias")
 
 
-def test_layer_norm_matmul_bias_gelu_fp16():
-    mod = build([("x", (2, 8, H), "float16")], lambda bb, x: relax.op.nn.gelu(
+def test_layer_norm_matmul_bias_relu_fp16():
+    mod = build([("x", (2, 8, H), "float16")], lambda bb, x: relax.op.nn.relu(
         bb.emit(relax.op.add(linear(bb, ln(bb, x, "float16"), dtype="float16"), const((48,), "float16")))))
     assert_fused(mod, "ascendfuse.norm.layer_norm_matmul_bias_act")
 
