@@ -37,3 +37,14 @@ def test_longer_chains_are_tried_first():
               ("softmax.scale", "elementwise.chain2"), ("elementwise.chain4", "elementwise.chain2")]
     for a, b in before:
         assert order.index("ascendfuse." + a) < order.index("ascendfuse." + b), (a, b)
+
+
+def test_every_pattern_has_a_fusion_test():
+    """Each declared pattern is the expected kernel pattern of at least one numeric test in this folder."""
+    import pathlib
+    import re
+
+    text = "".join(p.read_text() for p in pathlib.Path(__file__).parent.glob("test_*.py"))
+    tested = set(re.findall(r'"(ascendfuse\.[a-z0-9_]+\.[a-z0-9_]+)"', text))
+    missing = sorted({s.name for s in patterns.pattern_table()} - tested)
+    assert not missing, missing

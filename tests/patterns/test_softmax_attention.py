@@ -145,3 +145,20 @@ def test_attention_symbolic_key_length_is_refused():
     reasons = [r.get("failed", "") for r in refusals(result, "TbeAttentionFusionPass")]
     assert any("symbolic" in r for r in reasons), reasons
     run_symbolic(mod, result, [(1, 2, 8, 16), (1, 2, 11, 16), (1, 2, 11, 16)])
+
+
+def test_working_set_depends_on_the_target():
+    """A 6000-long fp32 row: in, scaled, out and exp rows (~96 KiB) double-buffered overflow the 184 KiB of
+    an ascend910b core but fit ascend310p's 248 KiB, and fit a 910b that does not double-buffer."""
+    from tests.helpers import compile_ours
+    from tests.patterns.util import assert_one_kernel
+    from tvm_ascendfuse.target import make_target
+
+    mod = build([("s", (1, 6000), "float32")],
+                lambda bb, s: relax.op.nn.softmax(bb.emit(relax.op.multiply(s, relax.const(0.5))), axis=-1))
+    refused = compile_ours(mod, target="ascend910b")
+    recs = [r for r in refusals(refused, "TbeSoftmaxFusionPass") if r["reason"] == "ub_overflow"]
+    assert recs and 184 * 1024 < recs[0]["bytes_needed"] < 248 * 1024, recs
+    assert_one_kernel(compile_ours(mod, target="ascend310p"), "ascendfuse.softmax.scale")
+    assert_one_kernel(compile_ours(mod, target=make_target("ascend910b", double_buffer=False)),
+                      "ascendfuse.softmax.scale")
