@@ -176,3 +176,23 @@ def test_weight_computed_at_run_time_is_not_packed():
     assert "layout_rewrite_preproc" in packed.mod.script()
     # the packing block inside the kernel is exact even without the Relax passes that lift it out
     check_rule(MatmulRule(), func.with_attr("layout_free_buffers", [1]), host=NATIVE)
+
+
+def test_prepack_pass_folds_packing_and_leaves_other_modules_alone():
+    from tvm_ascendfuse.schedule.prepack import PrepackConstantWeights, has_prepack_blocks
+
+    rng = np.random.default_rng(1)
+    w, b = rng.standard_normal((24, 32)).astype("float32"), rng.standard_normal(32).astype("float32")
+    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
+              relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers()]
+    fused = tvm.transform.Sequential(passes)(_relax_linear(w, b, m=8))
+    assert not has_prepack_blocks(fused)
+    assert PrepackConstantWeights()(fused).same_as(fused)
+    scheduled = _schedule_gemms(fused)
+    assert has_prepack_blocks(scheduled)
+    out = PrepackConstantWeights()(scheduled)
+    names = [gv.name_hint for gv, f in out.functions.items() if isinstance(f, tirx.PrimFunc)]
+    assert names and all(n.endswith("_prepacked") for n in names)
+    x = rng.standard_normal((8, 24)).astype("float32")
+    res = relax.VirtualMachine(tvm.compile(out, target=NATIVE), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(res, np.maximum(x @ w + b, 0), **tol("float32"))
