@@ -25,11 +25,26 @@ def test_bert_layer_small_pattern_groups_absorb_layout_and_layernorm():
     assert t["ours"]["launches"] == kernel_count(ours)
     assert t["ours"]["modeled_time_us"] <= t["tvm_default"]["modeled_time_us"]
     assert t["lower_bound"]["gm_bytes"] <= t["ours"]["gm_bytes"]
+    _model_within_10_percent_of_count(ours)
+
+
+def _model_within_10_percent_of_count(result):
+    """Modeled GM bytes of each emitted group vs the bytes counted on the PrimFunc FuseTIR made of it."""
+    import tvm
+    from tvm_ascendfuse.analysis.traffic import count_primfunc
+
+    prims = {g.name_hint: f for g, f in result.fused_module.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    rows = result.report.sections["grouping"]["groups"]
+    assert rows
+    for r in rows:
+        counted = count_primfunc(prims[r["name"]]).gm_bytes
+        assert abs(r["modeled_gm_bytes"] - counted) <= 0.10 * counted, (r["name"], r["modeled_gm_bytes"], counted)
 
 
 def test_llama_block_small():
     ours, fallback = _check(llama_block(seq=16, hidden=64, heads=4, ffn=96))
     assert kernel_count(ours) <= kernel_count(fallback)
+    _model_within_10_percent_of_count(ours)
     t = ours.report.sections["traffic"]
     assert t["ours"]["modeled_time_us"] <= t["tvm_default"]["modeled_time_us"]
 
