@@ -113,3 +113,13 @@ def test_input_channel_chunks_are_exact(chunk):
     assert "rc_0" in mod.script()
     usage = kernel_usage("k", mod["main"], get_target("ascend910b"))
     assert usage.bytes("local.UB") <= get_target("ascend910b").ub_usable
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad", [((1, 32, 16, 16), (16, 32, 1, 1), 1, 0),
+                                              ((1, 32, 17, 17), (32, 32, 3, 3), 2, 1)])
+def test_input_relaid_out_nchwc_is_exact(xs, ws, stride, pad):
+    """Many channels on large planes: the input goes NCHW[vl]c inside the kernel (forced small here)."""
+    rule = Conv2dRule(nchwc_min_ic=16, nchwc_min_plane=256)
+    func = fused_kernel(conv_bias_relu(stride, pad), [xs, ws, (1, ws[0], 1, 1)])
+    mod = check_rule(rule, func.with_attr("layout_free_buffers", [1]), host=NATIVE)
+    assert "rc_0" in mod.script() and "pad_temp" in mod.script()
