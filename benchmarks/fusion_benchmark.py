@@ -264,6 +264,30 @@ add_column("ours/ORT", value_cell("ours_over_ort", "{:.2f}"))
 add_column("agree dflt/ours", _agree)
 
 
+def traffic_columns(ctx: BenchContext) -> dict:
+    """Counted GM bytes and *modeled* NPU time of both fusions (tvm_ascendfuse.analysis.traffic), from the
+    imported model for TVM default and from our module after FuseTIR. Informative: never fails the run."""
+    try:
+        from tvm_ascendfuse.analysis.traffic_pass import traffic_table
+
+        t = traffic_table(ctx.relax_mod, ctx.ours.fused_module, ctx.target, ctx.host_target)
+    except Exception as err:   # an analysis gap must not lose the measured columns
+        ctx.row["notes"].append(f"traffic columns unavailable: {type(err).__name__}: {err}"[:200])
+        return {}
+    d, o = t["tvm_default"], t["ours"]
+    return {"gm_mb_default": d["gm_bytes"] / 1e6, "gm_mb_ours": o["gm_bytes"] / 1e6,
+            "gm_mb_lower_bound": t["lower_bound"]["gm_bytes"] / 1e6,
+            "modeled_us_default": d["modeled_time_us"], "modeled_us_ours": o["modeled_time_us"]}
+
+
+def use_traffic_columns() -> None:
+    """Add the counted-GM-bytes and modeled-NPU-time columns (main() does unless --no-traffic)."""
+    add_column("GM MB dflt/ours (counted)",
+               lambda r: _pair(r.get("gm_mb_default"), r.get("gm_mb_ours"), "{:.2f}"), hook=traffic_columns)
+    add_column("NPU us dflt/ours (modeled)",
+               lambda r: _pair(r.get("modeled_us_default"), r.get("modeled_us_ours"), "{:.0f}"))
+
+
 def format_table(rows: list[dict]) -> str:
     cells = [[h for h, _ in COLUMNS]] + [[cell(r) for _, cell in COLUMNS] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
@@ -295,6 +319,7 @@ def main(argv=None) -> int:
                    help="skip timing TVM default when one call takes longer than this many seconds")
     p.add_argument("--skip-default-timing", default="", help="comma list of workloads not to run with TVM default")
     p.add_argument("--min-rounds", type=int, default=3, help="fewest interleaved timing rounds (default 3)")
+    p.add_argument("--no-traffic", action="store_true", help="skip the counted-GM-bytes / modeled-time columns")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     try:
@@ -303,6 +328,8 @@ def main(argv=None) -> int:
     except af.AscendFuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if not args.no_traffic:
+        use_traffic_columns()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     rows = []
     for name in names:
@@ -310,8 +337,8 @@ def main(argv=None) -> int:
                                        time_default=name not in skip, min_rounds=args.min_rounds, log=log))
         print(format_table(rows[-1:]), file=sys.stderr, flush=True)
     print(format_table(rows))
-    print("CPU wall-clock on the host (min over interleaved rounds); not NPU times. "
-          "The machine is shared, so timings are noisy.")
+    print("ms columns: CPU wall-clock on the host (min over interleaved rounds), not NPU times; noisy on a "
+          "shared machine. GM bytes are counted on the TIR; NPU us are modeled from the target description.")
     if args.json:
         meta = {"python": platform.python_version(), "tvm": tvm.__version__, "machine": platform.machine(),
                 "cpu": tvm.target.codegen.llvm_get_system_cpu(), "ort_threads": ORT_THREADS,
