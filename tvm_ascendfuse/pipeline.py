@@ -16,7 +16,9 @@ from .graph_fusion import GRAPH_FUSION_PASSES
 from .graph_fusion.safe_fold import SafeFoldConstant
 from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
 from .grouping import COST_BASED_FUSION, CostBasedFusionPass, PatternFusionPass
+from .analysis.verify_ub import VerifyUBCapacity
 from .passbase import PyPass
+from .schedule.apply import ScheduleKernels
 from .report import FusionReport
 from .switches import FusionSwitches, resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
@@ -49,6 +51,17 @@ def ub_fusion_phase(target, switches, report, tvm_target):
         RecordKernels(report),
         TrafficAccounting(target, report),
     ]
+
+
+def schedule_phase(target, report, tvm_target):
+    """Phase 3: one UB-tiled schedule per kernel (first accepting rule per kind); constant weights that a
+    rule re-lays out are packed once at compile time."""
+    return [ScheduleKernels(target, report, tvm_target)]
+
+
+def verification_phase(target, report):
+    """Phase 4: on-chip bytes per kernel vs the target's capacity (fails the build on overflow)."""
+    return [VerifyUBCapacity(target, report)]
 
 
 def lowering_phase(tvm_target):
@@ -103,6 +116,8 @@ class AscendFusePipeline(PyPass):
         return [
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
             ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target)),
+            ("schedule", schedule_phase(target, r, tvm_target)),
+            ("verify", verification_phase(target, r)),
             ("lowering", lowering_phase(tvm_target)),
         ]
 

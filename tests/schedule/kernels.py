@@ -38,32 +38,35 @@ def fused_kernel(build, shapes, dtype="float32", name="fused_group") -> tirx.Pri
 
 def attention_kernel(b=1, h=2, s=32, d=16, mask="full", dtype="float32", sq=None) -> tirx.PrimFunc:
     """softmax(Q·Kᵀ·scale (+ mask))·V with the K transpose inside the group (the attention pattern's form).
-    ``mask``: None, "full" (one [s, s] mask for all heads) or "causal" (a -inf upper triangle, as LLaMA)."""
+    ``mask``: None or a 4th parameter of shape [1, 1, sq, s] (pass ``causal_mask`` values as LLaMA does)."""
     from tvm.relax import op
 
     sq = sq or s
-    shapes = [(b, h, sq, d), (b, h, s, d), (b, h, s, d)]
+    shapes = [(b, h, sq, d), (b, h, s, d), (b, h, s, d)] + ([(1, 1, sq, s)] if mask else [])
 
-    def build(q, k, v):
+    def build(q, k, v, *m):
         sc = op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])),
                          relax.const(np.array(1 / np.sqrt(d), dtype)))
-        if mask == "full":
-            sc = op.add(sc, relax.const(np.random.default_rng(1).standard_normal((1, 1, sq, s)).astype(dtype)))
-        elif mask == "causal":
-            tri = np.triu(np.full((sq, s), np.finfo(dtype).min, dtype), 1)
-            sc = op.add(sc, relax.const(tri.reshape(1, 1, sq, s)))
+        if m:
+            sc = op.add(sc, m[0])
         return op.matmul(op.nn.softmax(sc, -1), v)
 
     return fused_kernel(build, shapes, dtype, "fused_attention")
+
+
+def causal_mask(sq, s, dtype="float32"):
+    """Additive causal mask: the dtype's most negative value above the diagonal (as LLaMA exports)."""
+    return np.triu(np.full((sq, s), np.finfo(dtype).min, dtype), 1 + s - sq).reshape(1, 1, sq, s)
 
 
 def _concrete(shape, sizes):
     return [int(sizes.get(d.name, 0)) if isinstance(d, tirx.Var) else int(d) for d in shape]
 
 
-def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=NPU, expect=True):
+def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=NPU, expect=True, fixed=None):
     """Schedule ``func`` with ``rule``; its outputs must match TVM's default build of the unscheduled kernel.
-    ``sizes`` binds symbolic dims by name. Returns the scheduled module."""
+    ``sizes`` binds symbolic dims by name; ``fixed`` gives some inputs ({param index: array}).
+    Returns the scheduled module."""
     from tvm_ascendfuse.schedule.fast_math import use_fast_math
 
     sch = rule.apply(use_fast_math(func), target, host)
@@ -79,6 +82,8 @@ def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=
         dtype = str(p.ty.dtype)
         arrays.append(rng.standard_normal(shape).astype(dtype) if dtype.startswith("float")
                       else rng.integers(0, max(1, min(shape or [1])), shape).astype(dtype))
+    for idx, value in (fixed or {}).items():
+        arrays[idx] = value
     ref = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
     ours = tvm.compile(sch.mod, target=host)
     a = [tvm.runtime.tensor(x) for x in arrays]

@@ -16,27 +16,13 @@ import re
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
 from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
                      num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
-from .reduction import ReductionRule, _get_realize, _leading_s, is_contraction
-
-
-def _loops_by_iter(sch, block):
-    """{iter index: the innermost loop its binding uses} for the block's loops (tile loops included)."""
-    realize = _get_realize(sch, block)
-    loops = sch.get_loops(block)
-    names = [sch.get(l).loop_var.name for l in loops]
-    out = {}
-    for idx, val in enumerate(realize.iter_values):
-        used = {v.name for v in collect_vars_used_in_prim_expr(val)}
-        hits = [i for i, n in enumerate(names) if n in used]
-        if hits:
-            out[idx] = loops[hits[-1]]
-    return out
+from .contraction import schedule_contraction
+from .reduction import ReductionRule, _leading_s, is_contraction
 
 
 def is_cheap(sch, block) -> bool:
@@ -45,36 +31,6 @@ def is_cheap(sch, block) -> bool:
     tvm_ffi.structural_walk(sch.get(block).body,
                             ((tvm.ir.expr.Call, tirx.Let), lambda e: found.append(e)))
     return not found
-
-
-def schedule_contraction(sch, block, lanes: int, unroll_cap: int = 8) -> None:
-    """C[.., i, j] += A[.., i, k] * B[.., k, j] under its tile loop: order (i, k, j) with j innermost,
-    split into unrolled vectors so LLVM keeps one output row's partial sums in registers."""
-    stmt = sch.get(block)
-    kinds = [iv.iter_type for iv in stmt.iter_vars]
-    red = [i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce]
-    spatial = [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar]
-    if len(red) != 1 or len(spatial) < 2:
-        return
-    by_iter = _loops_by_iter(sch, block)
-    i_loop, j_loop, k_loop = by_iter.get(spatial[-2]), by_iter.get(spatial[-1]), by_iter.get(red[0])
-    if i_loop is None or j_loop is None or k_loop is None:
-        return
-    ok(sch.reorder, i_loop, k_loop, j_loop)
-    j_ext = extent(sch, j_loop)
-    v = vector_width_for(j_ext, lanes)
-    vec = None
-    if j_ext is not None and v >= 2:
-        if j_ext > v:
-            jo, vec = sch.split(j_loop, [None, v])
-            if j_ext // v <= unroll_cap:
-                ok(sch.unroll, jo)
-        else:
-            vec = j_loop
-        ok(sch.vectorize, vec)
-    init = try_(sch.decompose_reduction, block, k_loop)
-    if init is not None:
-        innermost_vector(sch, init, lanes)
 
 
 class AttentionRule(ScheduleRule):
@@ -114,10 +70,16 @@ class AttentionRule(ScheduleRule):
         dtype_bytes = buffer_bytes(sch.get(c2.block_rv).writes[0].source)
         lanes = vector_lanes(host, dtype_bytes * 8)
 
-        # Epilogue after P·V (head merge transposes, casts): folded into its output.
-        for info in infos[i2 + 1:]:
-            if not ok(sch.reverse_compute_inline, info.block_rv):
+        # Epilogue after P·V (head-merge transpose + reshape, casts): one block computed per tile from the
+        # P·V rows, which then stay in UB.
+        epilogue = [info.block_rv for info in infos[i2 + 1:]]
+        for blk in epilogue[:-1]:
+            if not ok(sch.compute_inline, blk):
                 return None
+        tail = None
+        if epilogue and not ok(sch.reverse_compute_inline, epilogue[-1]):
+            tail = epilogue[-1]
+            ok(sch.set_scope, c2.block_rv, 0, UB_SCOPE)
 
         # Stages between: single-use elementwise (scale, mask) inlined; multi-use rows staged in UB.
         staged, row_stages = [c1.block_rv], [c1.block_rv]
@@ -183,9 +145,11 @@ class AttentionRule(ScheduleRule):
         head = (sch.fuse(*head_loops) if len(head_loops) > 1 else head_loops[0]) if head_loops else None
         io, _ = sch.split(row, [None, rb])
         tile = sch.fuse(head, io) if head is not None else io
-        blocks = root_blocks(sch)
-        for blk in reversed([b for b in blocks if sch.get(b).name_hint != sch.get(out_blk).name_hint]):
+        skip = {sch.get(out_blk).name_hint} | ({sch.get(tail).name_hint} if tail is not None else set())
+        for blk in reversed([b for b in root_blocks(sch) if sch.get(b).name_hint not in skip]):
             sch.compute_at(blk, tile, preserve_unit_loops=True)
+        if tail is not None:
+            sch.reverse_compute_at(tail, tile, preserve_unit_loops=True)
         if cores > 1:
             ok(sch.parallel, tile)
 
@@ -211,7 +175,8 @@ def _gone(sch, block) -> bool:
 
 
 def _per_head_bytes(sch, block, batch: int) -> int:
-    """Bytes of one head's share of a stage's buffer (its whole buffer over the batch·head count)."""
+    """Bytes of one head's share of a stage's buffer (its whole buffer over the batch·head count; symbolic
+    batch dims are left out of both)."""
     buf = sch.get(block).writes[0].source
-    dims = [int(d) if isinstance(d, tirx.IntImm) else 256 for d in buf.shape]
+    dims = [int(d) for d in buf.shape if isinstance(d, tirx.IntImm)]
     return math.prod(dims) * buffer_bytes(buf) // max(1, batch)

@@ -18,6 +18,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
+from .contraction import schedule_contraction
 from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, num_cores, root_blocks,
                      loops_through, ok, try_, vector_lanes, vector_width_for)
 
@@ -83,6 +84,16 @@ class ReductionRule(ScheduleRule):
             return None
         if any(b.is_reduction() and is_contraction(sch, b.block_rv) for b in infos):
             return None
+        return sch if self.schedule_rows(sch, infos, target, host) else None
+
+    def schedule_rows(self, sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(), rows_per_step=1,
+                      extra_row_bytes=0) -> bool:
+        """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
+        alone) one row at a time. ``also``: names of producer blocks to compute per step too (a GEMM in
+        front of a norm), ``rows_per_step`` rows at a time. False when the stage does not have that shape."""
+        kinds = [b.dom_kind() for b in infos]
+        if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
+            return False
         nrow = min(_leading_s(k) for k in kinds)
         last = infos[-1]
         out_dtype_bits = buffer_bytes(sch.get(last.block_rv).writes[0].source) * 8
@@ -111,7 +122,8 @@ class ReductionRule(ScheduleRule):
         stmt = sch.get(last.block_rv)
         n_row_buffers = len(staged) + len(stmt.writes) + len(
             [r for r in stmt.reads if len(r.region) > nrow])
-        row_bytes = row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) * (2 if target.double_buffer else 1)
+        row_bytes = (row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) + extra_row_bytes) * \
+            (2 if target.double_buffer else 1) * rows_per_step
         stage_rows = row_bytes <= target.ub_usable
         if not stage_rows:
             self.note = (f"one row needs {row_bytes} B of UB > {target.ub_usable} B usable: row tensors stream "
@@ -141,16 +153,21 @@ class ReductionRule(ScheduleRule):
                 rf_blocks.append(rf)
 
         # 3. everything at the row loop of the last block.
-        blocks = root_blocks(sch)
+        mine = {b.name for b in infos} | {sch.get(b).name_hint for b in rf_blocks} | set(also)
+        blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint in mine]
         last_blk = blocks[-1]
         if not sch.get(last_blk).name_hint == sch.get(last.block_rv).name_hint:
-            return None
+            return False
         row_loops = loops_through(sch, last_blk, last, nrow)
         row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+        cores = num_cores(host)
+        if rows_per_step > 1:
+            row, _ = sch.split(row, [None, rows_per_step])
         for blk in reversed(blocks[:-1]):
             sch.compute_at(blk, row, preserve_unit_loops=True)
         total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
-        if num_cores(host) > 1 and total >= MIN_PARALLEL_ELEMENTS:
+        total *= max(1, extra_row_bytes // 4)          # a GEMM in front: K multiply-adds per element
+        if cores > 1 and total >= MIN_PARALLEL_ELEMENTS:
             try_(sch.parallel, row)
 
         # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
@@ -161,7 +178,9 @@ class ReductionRule(ScheduleRule):
                 self._vectorize_rf(sch, blk)
             elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
                 innermost_vector(sch, blk, lanes)
-        return sch
+            elif is_contraction(sch, blk):
+                schedule_contraction(sch, blk, lanes)
+        return True
 
     @staticmethod
     def _blocks_under(sch, loop):
@@ -199,3 +218,60 @@ class ReductionRule(ScheduleRule):
 
 
 _get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
+
+
+class GemmNormRule(ScheduleRule):
+    """One GEMM (+ injective epilogue: bias, residual) whose output feeds row reductions: matmul + bias +
+    residual + LayerNorm/RMSNorm in one kernel. A block of rows is computed per step: the GEMM rows
+    (register-blocked micro-tiles, accumulating in UB), the residual sum staged in UB, then the norm of
+    those rows, so the GEMM result never goes back to GM."""
+
+    name = "matmul+norm"
+
+    def __init__(self):
+        self.note = None
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
+        self.note = None
+        sch = s_tir.Schedule(func)
+        infos = block_infos(sch)
+        if not infos:
+            return None
+        products = [i for i, b in enumerate(infos) if b.is_reduction() and is_contraction(sch, b.block_rv)]
+        if len(products) != 1:
+            return None
+        gi = products[0]
+        first_red = next((i for i in range(gi + 1, len(infos)) if infos[i].is_reduction()), None)
+        if first_red is None or any(b.is_reduction() for b in infos[:gi]):
+            return None
+        gemm = infos[gi]
+        if any(not b.is_injective() for b in infos[gi + 1:first_red]):
+            return None
+        # bias/residual chain: all but its last block inlined; the last (the normalised tensor) is staged
+        chain = [b.block_rv for b in infos[gi + 1:first_red]]
+        for blk in chain[:-1]:
+            if not ok(sch.compute_inline, blk):
+                return None
+        also = [gemm.name] + ([infos[first_red - 1].name] if chain else [])
+        also += [b.name for b in infos[:gi] if not is_output_block(sch, b.block_rv)]
+        for b in infos[:gi]:
+            ok(sch.compute_inline, b.block_rv)
+        ok(sch.set_scope, gemm.block_rv, 0, UB_SCOPE)
+        if chain:
+            ok(sch.set_scope, chain[-1], 0, UB_SCOPE)
+        dom = gemm.dom()
+        k_ext = dom[-1] if isinstance(dom[-1], int) else 1024
+        n_ext = dom[-2] if isinstance(dom[-2], int) else 1024
+        m_ext = dom[-3] if len(dom) >= 3 and isinstance(dom[-3], int) else None
+        cores = num_cores(host)
+        per_row = (2 * n_ext + k_ext) * 4 * (2 if target.double_buffer else 1)
+        rb = max(1, min(32, target.ub_usable // max(1, per_row)))
+        if m_ext is not None:
+            rb = min(rb, max(1, m_ext // (2 * cores)))
+        rb = 1 << (rb.bit_length() - 1)
+        rows = ReductionRule()
+        if not rows.schedule_rows(sch, infos[first_red:], target, host, also=also, rows_per_step=rb,
+                                  extra_row_bytes=k_ext * 4):
+            return None
+        self.note = rows.note
+        return sch

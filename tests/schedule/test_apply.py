@@ -1,0 +1,104 @@
+"""The schedule phase: rule dispatch per kernel, attrs kept, report filled, rule failures contained."""
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.relax import op
+
+from tvm_ascendfuse.report import FusionReport
+from tvm_ascendfuse.schedule.apply import DEFAULT_RULES, ApplyUBSchedules
+from tvm_ascendfuse.schedule.base import ScheduleRule
+from tvm_ascendfuse.schedule.fast_math import use_fast_math
+
+from .kernels import HOST, NPU, attention_kernel, fused_kernel
+
+
+def module_of(**funcs):
+    return tvm.IRModule({tvm.ir.GlobalVar(k): v.with_attr("global_symbol", k) for k, v in funcs.items()})
+
+
+def kernels():
+    return dict(
+        fused_add_relu=fused_kernel(lambda x, b: op.nn.relu(op.add(x, b)), [(8, 16), (16,)]),
+        fused_layer_norm=fused_kernel(lambda x, g, b: op.nn.layer_norm(x, g, b, [-1]), [(4, 32), (32,), (32,)]),
+        fused_attention=attention_kernel(h=2, s=16, d=8),
+        fused_argmax=fused_kernel(lambda x: op.argmax(x, axis=1), [(4, 9)]),
+    )
+
+
+def test_every_kernel_gets_a_rule_and_keeps_its_attrs():
+    report = FusionReport()
+    report.set_kernels([{"name": "fused_add_relu", "launches": 1}])
+    mod = ApplyUBSchedules(NPU, report, HOST)(module_of(**kernels()))
+    rules = report.sections["schedules"]
+    assert rules == {"fused_add_relu": "elementwise", "fused_layer_norm": "reduction",
+                     "fused_attention": "attention", "fused_argmax": rules["fused_argmax"]}
+    assert rules["fused_argmax"] in {"reduction", "fallback"}
+    assert report.kernels[0]["rule"] == "elementwise"
+    for gv, func in mod.functions.items():
+        assert func.attrs["tirx.is_scheduled"]
+        assert func.attrs["global_symbol"] == gv.name_hint
+        assert func.attrs["tirx.noalias"]
+
+
+def test_scheduled_functions_are_left_alone():
+    k = kernels()["fused_add_relu"].with_attr("tirx.is_scheduled", True)
+    report = FusionReport()
+    mod = ApplyUBSchedules(NPU, report, HOST)(module_of(done=k))
+    assert mod["done"].same_as(module_of(done=k)["done"]) or tvm.ir.structural_equal(mod["done"], k) \
+        if hasattr(tvm.ir, "structural_equal") else True
+    assert report.sections.get("schedules", {}) == {}
+
+
+class Exploding(ScheduleRule):
+    name = "exploding"
+
+    def apply(self, func, target, host):
+        raise RuntimeError("rule bug")
+
+
+def test_a_failing_rule_declines_and_the_next_one_wins():
+    report = FusionReport()
+    mod = ApplyUBSchedules(NPU, report, HOST, rules=[Exploding(), *DEFAULT_RULES])(
+        module_of(k=kernels()["fused_add_relu"]))
+    assert report.sections["schedules"] == {"k": "elementwise"}
+    assert "exploding: rule bug" in report.sections["schedule_notes"]["k"][0]
+    assert mod["k"].attrs["tirx.is_scheduled"]
+
+
+def test_scheduled_module_matches_unscheduled():
+    funcs = kernels()
+    mod = ApplyUBSchedules(NPU, None, HOST)(module_of(**funcs))
+    rng = np.random.default_rng(0)
+    for name, func in funcs.items():
+        ref = tvm.compile(module_of(main=func), target="llvm")
+        ours = tvm.compile(tvm.IRModule({"main": mod[name].with_attr("global_symbol", "main")}), target=HOST)
+        arrays = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype)) for p in func.params]
+        a = [tvm.runtime.tensor(x) for x in arrays]
+        b = [tvm.runtime.tensor(x.copy()) for x in arrays]
+        ref["main"](*a)
+        ours["main"](*b)
+        np.testing.assert_allclose(b[-1].numpy(), a[-1].numpy(), rtol=1e-4, atol=1e-5)
+
+
+
+
+def test_fast_math_is_exact_enough():
+    """Polynomial erf within 1e-5 of erf; exp within 1e-6 relative (incl. the -inf/min-float mask values)."""
+    erf_k = fused_kernel(lambda x: op.erf(x), [(2001,)])
+    exp_k = fused_kernel(lambda x: op.exp(x), [(2001,)])
+    xs_erf = np.linspace(-6, 6, 2001).astype("float32")
+    xs_exp = np.concatenate([np.linspace(-100, 88, 1996), [-np.inf, np.finfo("float32").min, 0, 1, -1]]).astype("float32")
+    for func, xs, ref, check in [
+        (erf_k, xs_erf, np.vectorize(math.erf)(xs_erf.astype("float64")), lambda o, r: np.abs(o - r).max() < 1e-5),
+        (exp_k, xs_exp, np.exp(xs_exp.astype("float64")),
+         lambda o, r: (np.abs(o - r) <= 1e-6 * np.abs(r) + 1e-37).all()),
+    ]:
+        fast = use_fast_math(func)
+        assert "T.erf(" not in fast.script() and "T.exp(" not in fast.script()
+        lib = tvm.compile(tvm.IRModule({"main": fast}), target="llvm")
+        out = tvm.runtime.tensor(np.zeros_like(xs))
+        lib["main"](tvm.runtime.tensor(xs), out)
+        assert check(out.numpy().astype("float64"), ref)

@@ -1,0 +1,56 @@
+"""AttentionRule: softmax(Q·Kᵀ·scale + mask)·V in one kernel, row-blocked, against the unscheduled kernel."""
+
+import pytest
+from tvm import tirx
+from tvm.relax import op
+
+from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.attention import AttentionRule
+from tvm_ascendfuse.target import get_target
+
+from .kernels import NATIVE, NPU, attention_kernel, causal_mask, check_rule, fused_kernel
+
+
+@pytest.mark.parametrize("kw", [
+    dict(h=2, s=32, d=16, mask="full"),
+    dict(h=3, s=37, d=24, mask=None),          # odd sizes, no mask
+    dict(b=2, h=1, s=20, d=12, mask="full", sq=9),   # fewer query rows than keys
+])
+def test_matches_unscheduled(kw):
+    check_rule(AttentionRule(), attention_kernel(**kw))
+
+
+def test_causal_mask():
+    """LLaMA-style mask: the most negative float above the diagonal must give exact zeros' worth."""
+    check_rule(AttentionRule(), attention_kernel(h=2, s=24, d=8, mask="causal"), fixed={3: causal_mask(24, 24)})
+
+
+def test_avx512_widths():
+    check_rule(AttentionRule(), attention_kernel(h=2, s=64, d=32, mask="causal"), host=NATIVE,
+               fixed={3: causal_mask(64, 64)})
+
+
+def test_float16():
+    check_rule(AttentionRule(), attention_kernel(h=2, s=16, d=8, mask="full", dtype="float16"))
+
+
+def test_symbolic_batch():
+    n = tirx.Var("n", "int64")
+    func = fused_kernel(lambda q, k, v: op.matmul(op.nn.softmax(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), -1), v),
+                        [(n, 2, 16, 8), (n, 2, 16, 8), (n, 2, 16, 8)])
+    check_rule(AttentionRule(), func, sizes={"n": 3})
+
+
+@pytest.mark.parametrize("name", ["ascend910b", "ascend310p"])
+def test_score_block_fits_ub(name):
+    t = get_target(name)
+    mod = check_rule(AttentionRule(), attention_kernel(h=2, s=256, d=64, mask="causal"), target=t, host=NATIVE,
+                     fixed={3: causal_mask(256, 256)})
+    used = kernel_usage("attn", mod["main"], t).bytes("local.UB")
+    assert 256 * 4 <= used <= t.ub_usable          # at least one score row, never more than UB
+
+
+def test_declines_single_matmul_and_softmax():
+    rule = AttentionRule()
+    assert rule.apply(fused_kernel(lambda a, b: op.matmul(a, b), [(8, 16), (16, 4)]), NPU, None) is None
+    assert rule.apply(fused_kernel(lambda a: op.nn.softmax(a), [(8, 16)]), NPU, None) is None

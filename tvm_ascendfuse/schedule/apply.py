@@ -1,0 +1,147 @@
+"""The schedule phase: every unscheduled kernel gets the first rule that accepts it.
+
+Rules are tried in ``DEFAULT_RULES`` order (most specific first, the fallback last). A rule that raises is
+treated like one that declines, so a rule bug costs speed, never the build. The function keeps its attrs
+and is marked ``tirx.is_scheduled``; the report gets the rule per kernel.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from ..analysis.ub_usage import kernel_usage, normalize_scope_aliases
+from ..passbase import PyPass
+from ..report import FusionReport
+from ..target import AscendTarget, get_target
+from .attention import AttentionRule
+from .common import host_of
+from .conv import Conv2dRule
+from .elementwise import ElementwiseRule
+from .fallback import FallbackRule
+from .fast_math import use_fast_math
+from .matmul import MatmulRule
+from .reduction import GemmNormRule, ReductionRule
+
+# Most specific first. Attention (two contractions around a softmax) precedes the GEMM rule, which would
+# otherwise treat the P·V product as a GEMM with a huge prologue.
+DEFAULT_RULES = (AttentionRule, MatmulRule, Conv2dRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+
+
+def _symbolic_on_chip(name: str, func: tirx.PrimFunc, target: AscendTarget) -> bool:
+    usage = kernel_usage(name, func, target)
+    return any(a.nbytes is None for a in usage.allocations)
+
+
+def _rule_instances(rules):
+    return [r() if isinstance(r, type) else r for r in rules]
+
+
+class ApplyUBSchedules(PyPass):
+    """Module pass: schedule each PrimFunc without ``tirx.is_scheduled`` with the first accepting rule."""
+
+    def __init__(self, target: AscendTarget | str | None = None, report: FusionReport | None = None, host=None,
+                 rules=None):
+        self.target = get_target(target) if not isinstance(target, AscendTarget) else target
+        self.report = report
+        self.host = host
+        self.rules = _rule_instances(rules if rules is not None else DEFAULT_RULES)
+
+    def pass_name(self) -> str:
+        return "AscendApplyUBSchedules"
+
+    def schedule_one(self, name: str, func: tirx.PrimFunc, host):
+        """(new function, rule name, notes) for one kernel; the function is unchanged when no rule fits."""
+        notes = []
+        prepared = use_fast_math(normalize_scope_aliases(func))
+        for rule in self.rules:
+            try:
+                sch = rule.apply(prepared, self.target, host)
+            except Exception as err:  # noqa: BLE001 - a failing rule declines
+                notes.append(f"{rule.name}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__}")
+                continue
+            if sch is None:
+                continue
+            new = sch.mod["main"]
+            if _symbolic_on_chip(name, new, self.target):
+                # TVM cannot lower an on-chip (tagged) buffer of symbolic size ("Special tagged memory must be
+                # const size"): a rule that left one, e.g. a full symbolic-length row staged in UB, declines.
+                notes.append(f"{rule.name}: declined, an on-chip buffer has a symbolic size")
+                continue
+            for key, value in (func.attrs or {}).items():
+                new = new.with_attr(key, value)
+            note = getattr(rule, "note", None)
+            if note:
+                notes.append(note)
+            return new.with_attr("tirx.is_scheduled", True), rule.name, notes
+        return func, None, notes
+
+    def transform_module(self, mod):
+        host = host_of(self.host)
+        chosen, all_notes = {}, {}
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
+                continue
+            new, rule, notes = self.schedule_one(gv.name_hint, func, host)
+            chosen[gv.name_hint] = rule or "unscheduled"
+            if notes:
+                all_notes[gv.name_hint] = notes
+            if rule is not None:
+                mod[gv] = new
+        if self.report is not None:
+            self.report.sections.setdefault("schedules", {}).update(chosen)
+            if all_notes:
+                self.report.sections.setdefault("schedule_notes", {}).update(all_notes)
+            for row in self.report.kernels:
+                if row.get("name") in chosen:
+                    row["rule"] = chosen[row["name"]]
+        return mod
+
+
+class ScheduleKernels(PyPass):
+    """The schedule phase as one pass: mark constant weights layout-free, apply the rules, then pack those
+    weights once at compile time (a rule may re-lay a weight out; ``schedule/layout.py``).
+
+    TVM's layout-free and prepack passes rename kernels (``k`` -> ``k1`` -> ``k1_prepacked``); the report's
+    kernel rows and schedule sections are re-keyed to the final names, which are what the executable runs.
+    """
+
+    def __init__(self, target, report: FusionReport | None = None, host=None, rules=None):
+        self.target, self.report, self.host, self.rules = target, report, host, rules
+
+    def pass_name(self) -> str:
+        return "AscendScheduleKernels"
+
+    def transform_module(self, mod):
+        from tvm import relax
+
+        from ..analysis import launched_kernels
+
+        before = launched_kernels(mod)
+        mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
+        mid = launched_kernels(mod)
+        mod = ApplyUBSchedules(self.target, self.report, self.host, self.rules)(mod)
+        mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+        mod = relax.transform.FoldConstant()(mod)
+        mod = relax.transform.DeadCodeElimination()(mod)
+        after = launched_kernels(mod)
+        if self.report is not None:
+            self._rekey(before, mid, after)
+        return mod
+
+    def _rekey(self, before, mid, after):
+        first = dict(zip(before, mid)) if len(before) == len(mid) else {}
+        final = dict(zip(mid, after)) if len(mid) == len(after) else {}
+        sections = self.report.sections
+        for key in ("schedules", "schedule_notes"):
+            if key in sections:
+                sections[key] = {final.get(k, k): v for k, v in sections[key].items()}
+        rules = sections.get("schedules", {})
+        for row in self.report.kernels:
+            name = final.get(first.get(row.get("name"), row.get("name")), row.get("name"))
+            if name != row.get("name"):
+                row["source_name"] = row["name"]
+                row["name"] = name
+            if name in rules:
+                row["rule"] = rules[name]

@@ -1,0 +1,91 @@
+"""Register-blocked contraction loops for products computed inside a bigger kernel (attention's Q·Kᵀ and
+P·V, the GEMM in front of a norm).
+
+The block ``C[.., i, j] += A[.., i, k] * B[.., k, j]`` already sits under its kernel's tile loop; its own
+loops are split into an ``mr × (nvec·lanes)`` micro-tile whose partial sums LLVM keeps in vector registers
+across the ``k`` loop (field guide §10 K1: half the register file for accumulators, more spills). Loop
+order ``j0, i0, k, i1, j1, j2``: the ``K × nr`` panel of B is reused by every row micro-tile.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
+
+from .common import extent, innermost_vector, ok, try_, vector_width_for
+
+_get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
+
+
+def loops_by_iter(sch, block):
+    """{iter index: the innermost loop its binding uses}."""
+    realize = _get_realize(sch, block)
+    loops = sch.get_loops(block)
+    names = [sch.get(l).loop_var.name for l in loops]
+    out = {}
+    for idx, val in enumerate(realize.iter_values):
+        used = {v.name for v in collect_vars_used_in_prim_expr(val)}
+        hits = [i for i, n in enumerate(names) if n in used]
+        if hits:
+            out[idx] = loops[hits[-1]]
+    return out
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    v = 1
+    while v * 2 <= min(n, cap):
+        v *= 2
+    return v
+
+
+def micro_tile(i_ext, j_ext, lanes: int, accumulators: int = 16) -> tuple[int, int]:
+    """(mr, nvec): rows and vectors of the register block, mr·nvec <= accumulators."""
+    n_vecs = max(1, (j_ext or lanes * 4) // lanes)
+    nvec = _pow2_at_most(n_vecs, 4 if (i_ext or 8) < 8 else 2)
+    mr = max(1, min(8, accumulators // nvec))
+    if i_ext is not None:
+        mr = min(mr, i_ext)
+    return mr, nvec
+
+
+def schedule_contraction(sch, block, lanes: int, accumulators: int = 16) -> None:
+    """Micro-tile a product block under its tile loop; vectorise the output axis; init split off last."""
+    stmt = sch.get(block)
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    red = [i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce]
+    spatial = [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar]
+    if len(red) != 1 or len(spatial) < 2:
+        return
+    by_iter = loops_by_iter(sch, block)
+    i_loop, j_loop, k_loop = by_iter.get(spatial[-2]), by_iter.get(spatial[-1]), by_iter.get(red[0])
+    if i_loop is None or j_loop is None or k_loop is None:
+        return
+    i_ext, j_ext = extent(sch, i_loop), extent(sch, j_loop)
+    v = vector_width_for(j_ext, lanes)
+    if j_ext is None or v < 2:
+        ok(sch.reorder, i_loop, k_loop, j_loop)
+        try_(sch.decompose_reduction, block, k_loop)
+        return
+    mr, nvec = micro_tile(i_ext, j_ext, v, accumulators)
+    if j_ext % (nvec * v):
+        nvec = 1
+    if i_ext is not None and i_ext % mr:
+        mr = _largest_divisor(i_ext, mr)
+    i0, i1 = sch.split(i_loop, [None, mr])
+    j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
+    if not ok(sch.reorder, j0, i0, k_loop, i1, j1, j2):
+        ok(sch.reorder, i0, k_loop, i1, j1, j2)
+    ok(sch.vectorize, j2)
+    ok(sch.unroll, j1)
+    ok(sch.unroll, i1)
+    init = try_(sch.decompose_reduction, block, k_loop)
+    if init is not None:
+        innermost_vector(sch, init, lanes)
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
