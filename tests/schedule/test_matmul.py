@@ -196,3 +196,13 @@ def test_prepack_pass_folds_packing_and_leaves_other_modules_alone():
     x = rng.standard_normal((8, 24)).astype("float32")
     res = relax.VirtualMachine(tvm.compile(out, target=NATIVE), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(res, np.maximum(x @ w + b, 0), **tol("float32"))
+
+
+def test_epilogue_with_head_split_layout_change():
+    """Projection + bias + reshape/transpose into heads in one kernel: exact, and the UB tile stays small."""
+    def build(x, w, b):
+        return op.permute_dims(op.reshape(op.add(op.matmul(x, w), b), (1, 16, 4, 16)), [0, 2, 1, 3])
+
+    target = get_target("ascend310p")
+    mod = check_rule(MatmulRule(), fused_kernel(build, [(1, 16, 32), (32, 64), (64,)]), host=NATIVE, target=target)
+    assert kernel_usage("k", mod["main"], target).bytes("local.UB") <= 16 * 64 * 4 // 2

@@ -307,7 +307,10 @@ class MatmulRule(ScheduleRule):
             a_ub = sch.cache_read(mm, info.a_read, UB_SCOPE)  # mr x kc A panel per K chunk
             sch.compute_at(a_ub, kl[0])
             _vectorize_inner(sch, a_ub, hv.lanes(str(info.a_buf.ty.dtype)))
-        self._epilogue(sch, epi, i0, hv.lanes(c_dtype))
+        if not self._epilogue(sch, epi, i0, hv.lanes(c_dtype)):
+            # an epilogue that cannot consume the tile in place (a layout change the region analysis cannot
+            # follow) reads the whole result: keep it in memory, not in UB
+            sch.set_scope(mm, 0, "global")
         sch.vectorize(j2)
         try_(sch.unroll, j1)
         try_(sch.unroll, i1)
@@ -321,9 +324,11 @@ class MatmulRule(ScheduleRule):
         sch.annotate(mm, "ascendfuse.schedule", f"{'packed ' if packed else ''}{'padded ' if pad_m or pad_n else ''}{t}")
         return sch
 
-    def _epilogue(self, sch, epi_blocks, i0, lanes):
+    def _epilogue(self, sch, epi_blocks, i0, lanes) -> bool:
+        """Fuse the epilogue into the register block; False when some block stays at the root."""
         if not epi_blocks:
-            return
+            return True
+        placed = True
         *inner, last = epi_blocks
         leftover = []
         for b in inner:
@@ -332,8 +337,10 @@ class MatmulRule(ScheduleRule):
         for b in leftover + [last]:
             if not ok(sch.reverse_compute_at, b, i0):
                 parallel_vector(sch, b, lanes)
+                placed = False
                 continue
             _vectorize_inner(sch, b, lanes)
+        return placed
 
 
 def _is_preproc(sch, block) -> bool:
