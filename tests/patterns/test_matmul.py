@@ -5,9 +5,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from tests.helpers import assert_same_numbers, run_reference, tol
-from tests.helpers import compile_ours
-from tests.patterns.util import assert_fused, assert_one_kernel, build, const, refusals
+from tests.helpers import assert_same_numbers, compile_ours, tol
+from tests.patterns.util import assert_fused, assert_one_kernel, build, const, refusals, run_symbolic
 
 X = ("x", (8, 16), "float32")
 W = ("w", (16, 32), "float32")
@@ -84,15 +83,6 @@ def test_block_output_intermediate_is_refused():
     result = assert_same_numbers(bb.get())
     reasons = [r.get("failed", "") for r in refusals(result, "TbeMatmulElemwiseFusionPass")]
     assert any("output of the dataflow block" in r for r in reasons), reasons
-
-
-def run_symbolic(mod, result, shapes, dtype="float32"):
-    """Run a module with symbolic dims on concrete inputs, ours vs TVM default."""
-    rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal(s).astype(dtype) for s in shapes]
-    vm = relax.VirtualMachine(result.executable, tvm.cpu())
-    ours = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
-    np.testing.assert_allclose(ours, run_reference(mod, inputs), **tol(dtype))
 
 
 def test_symbolic_batch_is_accepted():

@@ -1,12 +1,10 @@
 """LayerNorm + matmul and add + LayerNorm/RMSNorm patterns."""
 
-import numpy as np
 import tvm
 from tvm import relax
 
 from tests.helpers import assert_same_numbers, compile_ours
-from tests.patterns.test_matmul import run_symbolic
-from tests.patterns.util import assert_fused, assert_one_kernel, build, const, refusals
+from tests.patterns.util import assert_fused, assert_one_kernel, build, const, refusals, run_symbolic
 
 H = 32
 

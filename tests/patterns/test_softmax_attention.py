@@ -1,10 +1,11 @@
 """Scaled/masked softmax (TbeSoftmaxFusionPass) and attention (TbeAttentionFusionPass)."""
 
-import pytest
+import tvm
 from tvm import relax
 
-from tests.helpers import assert_same_numbers
-from tests.patterns.util import assert_fused, build, const, refusals
+from tests.helpers import assert_same_numbers, compile_ours
+from tests.patterns.util import assert_fused, assert_one_kernel, build, const, refusals, run_symbolic
+from tvm_ascendfuse.target import make_target
 
 S = ("s", (2, 4, 8, 8), "float32")
 MASK = ("m", (2, 1, 1, 8), "float32")
@@ -119,12 +120,6 @@ def test_attention_long_keys_overflow():
 
 def test_attention_symbolic_query_length_is_accepted():
     """Query rows may be symbolic (a tile holds cube_m of them); the key length is static."""
-    import tvm
-
-    from tests.helpers import compile_ours
-    from tests.patterns.test_matmul import run_symbolic
-    from tests.patterns.util import assert_one_kernel
-
     n = tvm.tirx.Var("n", "int64")
     mod = build([("q", (1, 2, n, 16), "float32"), K, V], lambda bb, q, k, v: attention(bb, q, k, v))
     result = compile_ours(mod)
@@ -133,11 +128,7 @@ def test_attention_symbolic_query_length_is_accepted():
 
 
 def test_attention_symbolic_key_length_is_refused():
-    import tvm
-
-    from tests.helpers import compile_ours
-    from tests.patterns.test_matmul import run_symbolic
-
+    """Without online softmax a tile needs whole score rows: an unbounded key length cannot be proven to fit."""
     s = tvm.tirx.Var("s", "int64")
     mod = build([Q, ("k", (1, 2, s, 16), "float32"), ("v", (1, 2, s, 16), "float32")],
                 lambda bb, q, k, v: attention(bb, q, k, v))
@@ -150,10 +141,6 @@ def test_attention_symbolic_key_length_is_refused():
 def test_working_set_depends_on_the_target():
     """A 6000-long fp32 row: in, scaled, out and exp rows (~96 KiB) double-buffered overflow the 184 KiB of
     an ascend910b core but fit ascend310p's 248 KiB, and fit a 910b that does not double-buffer."""
-    from tests.helpers import compile_ours
-    from tests.patterns.util import assert_one_kernel
-    from tvm_ascendfuse.target import make_target
-
     mod = build([("s", (1, 6000), "float32")],
                 lambda bb, s: relax.op.nn.softmax(bb.emit(relax.op.multiply(s, relax.const(0.5))), axis=-1))
     refused = compile_ours(mod, target="ascend910b")

@@ -6,7 +6,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tests.helpers import assert_same_numbers, run_vm, tol
+from tests.helpers import assert_same_numbers, run_reference, tol
 from tvm_ascendfuse.patterns import pattern_table
 
 SPECS = {s.name: s for s in pattern_table()}
@@ -46,3 +46,12 @@ def assert_fused(mod, pattern: str, **kw):
 
 def refusals(result, switch: str) -> list[dict]:
     return result.report.get(switch).not_effective
+
+
+def run_symbolic(mod, result, shapes, dtype="float32"):
+    """Run a module with symbolic dims on concrete inputs, ours vs TVM default."""
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    vm = relax.VirtualMachine(result.executable, tvm.cpu())
+    ours = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    np.testing.assert_allclose(ours, run_reference(mod, inputs), **tol(dtype))

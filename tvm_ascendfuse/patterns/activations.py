@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 
-from tvm import relax
 from tvm.relax.dpl import DFPattern, GlobalVarPattern, TuplePattern, is_const, is_op, wildcard
 
 from .checks import group_calls, name_of, op_name

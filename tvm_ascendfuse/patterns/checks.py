@@ -40,10 +40,6 @@ def dims(expr) -> "list[int | tvm.tirx.PrimExpr] | None":
     return [int(v.value) if isinstance(v, tvm.tirx.IntImm) else v for v in ty.shape.values]
 
 
-def static_dim(d) -> "int | None":
-    return d if isinstance(d, int) else None
-
-
 def static_product(shape) -> "int | None":
     """Element count of a shape, or None when any dim is symbolic."""
     n = 1
@@ -79,19 +75,6 @@ def group_calls(ctx) -> Iterator[tuple[relax.Var, relax.Call]]:
     for var, value in ctx.matched_bindings.items():
         if isinstance(value, relax.Call):
             yield var, value
-
-
-def external_inputs(ctx) -> list[tuple[relax.Expr, relax.Call]]:
-    """(tensor argument, consuming call) for every tensor argument produced outside the group."""
-    inside = set(ctx.matched_bindings.keys())
-    out = []
-    for _, call in group_calls(ctx):
-        for arg in call.args:
-            if isinstance(arg, relax.Var) and arg in inside:
-                continue
-            if tensor_type(arg) is not None:
-                out.append((arg, call))
-    return out
 
 
 def annotated_var(ctx, key):

@@ -11,7 +11,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ..switches import UB_FUSION, register_switch
 from .activations import activation, te_clamp_only
-from .checks import dims, float_dtypes, known_shapes, min_rank, private_intermediates, tensor_type
+from .checks import float_dtypes, known_shapes, min_rank, private_intermediates, tensor_type
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_cube_blocks, add_epilogue, cube_out_tile
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tvm.relax.dpl import is_op, wildcard
 
 from ..switches import UB_FUSION, register_switch
-from .checks import dims, float_dtypes, known_shapes, private_intermediates, softmax_axes, static_axes, tensor_type
+from .checks import dims, float_dtypes, known_shapes, private_intermediates, softmax_axes, static_axes
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_epilogue, row_tile
 
