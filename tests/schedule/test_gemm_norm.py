@@ -24,6 +24,19 @@ def test_matches_unscheduled(shapes_build):
     check_rule(GemmNormRule(), fused_kernel(build, shapes))
 
 
+def test_residual_sum_as_second_output():
+    """LLaMA's o-proj: the residual sum is both returned and normalised (two outputs)."""
+    from tvm import relax
+
+    def build(x, w, r, g):
+        h = op.add(op.matmul(x, w), r)
+        return relax.Tuple([h, op.nn.rms_norm(h, g, [-1])])
+
+    rule = GemmNormRule()
+    check_rule(rule, fused_kernel(build, [(1, 12, 16), (16, 48), (1, 12, 48), (48,)]), host=NATIVE)
+    assert rule.note and "second output" in rule.note
+
+
 def test_avx512_widths():
     shapes, build = proj_add_ln(32, 64, 128)
     mod = check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)

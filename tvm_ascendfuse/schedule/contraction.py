@@ -49,24 +49,25 @@ def micro_tile(i_ext, j_ext, lanes: int, accumulators: int = 16) -> tuple[int, i
     return mr, nvec
 
 
-def schedule_contraction(sch, block, lanes: int, accumulators: int = 16) -> None:
-    """Micro-tile a product block under its tile loop; vectorise the output axis; init split off last."""
+def schedule_contraction(sch, block, lanes: int, accumulators: int = 16):
+    """Micro-tile a product block under its tile loop; vectorise the output axis; init split off last.
+    Returns the outermost column-panel loop (``j0``) when the block was tiled, else None."""
     stmt = sch.get(block)
     kinds = [iv.iter_type for iv in stmt.iter_vars]
     red = [i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce]
     spatial = [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar]
     if len(red) != 1 or len(spatial) < 2:
-        return
+        return None
     by_iter = loops_by_iter(sch, block)
     i_loop, j_loop, k_loop = by_iter.get(spatial[-2]), by_iter.get(spatial[-1]), by_iter.get(red[0])
     if i_loop is None or j_loop is None or k_loop is None:
-        return
+        return None
     i_ext, j_ext = extent(sch, i_loop), extent(sch, j_loop)
     v = vector_width_for(j_ext, lanes)
     if j_ext is None or v < 2:
         ok(sch.reorder, i_loop, k_loop, j_loop)
         try_(sch.decompose_reduction, block, k_loop)
-        return
+        return None
     mr, nvec = micro_tile(i_ext, j_ext, v, accumulators)
     if j_ext % (nvec * v):
         nvec = 1
@@ -82,6 +83,7 @@ def schedule_contraction(sch, block, lanes: int, accumulators: int = 16) -> None
     init = try_(sch.decompose_reduction, block, k_loop)
     if init is not None:
         innermost_vector(sch, init, lanes)
+    return j0
 
 
 def _largest_divisor(n: int, cap: int) -> int:

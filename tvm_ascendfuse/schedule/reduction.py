@@ -87,7 +87,7 @@ class ReductionRule(ScheduleRule):
         return sch if self.schedule_rows(sch, infos, target, host) else None
 
     def schedule_rows(self, sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(), rows_per_step=1,
-                      extra_row_bytes=0) -> bool:
+                      extra_row_bytes=0, tails=()) -> bool:
         """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
         alone) one row at a time. ``also``: names of producer blocks to compute per step too (a GEMM in
         front of a norm), ``rows_per_step`` rows at a time. False when the stage does not have that shape."""
@@ -165,6 +165,8 @@ class ReductionRule(ScheduleRule):
             row, _ = sch.split(row, [None, rows_per_step])
         for blk in reversed(blocks[:-1]):
             sch.compute_at(blk, row, preserve_unit_loops=True)
+        for name in tails:                    # extra outputs copied out of UB per step
+            sch.reverse_compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
         total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
         total *= max(1, extra_row_bytes // 4)          # a GEMM in front: K multiply-adds per element
         if cores > 1 and total >= MIN_PARALLEL_ELEMENTS:
@@ -248,17 +250,21 @@ class GemmNormRule(ScheduleRule):
         if any(not b.is_injective() for b in infos[gi + 1:first_red]):
             return None
         # bias/residual chain: all but its last block inlined; the last (the normalised tensor) is staged
-        chain = [b.block_rv for b in infos[gi + 1:first_red]]
-        for blk in chain[:-1]:
-            if not ok(sch.compute_inline, blk):
-                return None
-        also = [gemm.name] + ([infos[first_red - 1].name] if chain else [])
-        also += [b.name for b in infos[:gi] if not is_output_block(sch, b.block_rv)]
-        for b in infos[:gi]:
-            ok(sch.compute_inline, b.block_rv)
+        chain = infos[gi + 1:first_red]
+        outs = [pos for pos, b in enumerate(chain) if is_output_block(sch, b.block_rv)]
+        if outs:
+            # The residual sum is also an output: TIR cannot compute an output block per row step between
+            # its producer and consumers, so GEMM + residual run as their own tiled stages first.
+            return self._split_stages(sch, infos, gi, first_red, outs[-1], target, host)
+        also, tails = [gemm.name], []
+        for pos, b in enumerate(chain):
+            if pos == len(chain) - 1 or not ok(sch.compute_inline, b.block_rv):
+                ok(sch.set_scope, b.block_rv, 0, UB_SCOPE)
+                also.append(b.name)
+        for b in infos[:gi]:                  # head-merge transpose/reshape in front of the GEMM
+            if is_output_block(sch, b.block_rv) or not ok(sch.compute_inline, b.block_rv):
+                also.append(b.name)
         ok(sch.set_scope, gemm.block_rv, 0, UB_SCOPE)
-        if chain:
-            ok(sch.set_scope, chain[-1], 0, UB_SCOPE)
         dom = gemm.dom()
         k_ext = dom[-1] if isinstance(dom[-1], int) else 1024
         n_ext = dom[-2] if isinstance(dom[-2], int) else 1024
@@ -271,7 +277,35 @@ class GemmNormRule(ScheduleRule):
         rb = 1 << (rb.bit_length() - 1)
         rows = ReductionRule()
         if not rows.schedule_rows(sch, infos[first_red:], target, host, also=also, rows_per_step=rb,
-                                  extra_row_bytes=k_ext * 4):
+                                  extra_row_bytes=k_ext * 4, tails=tails):
             return None
         self.note = rows.note
+        return sch
+
+    def _split_stages(self, sch, infos, gi, first_red, last_out, target, host):
+        from .elementwise import tile_injective
+
+        gemm = infos[gi]
+        chain = infos[gi + 1:first_red]
+        for b in infos[:gi] + chain[:last_out]:
+            if not is_output_block(sch, b.block_rv):
+                ok(sch.compute_inline, b.block_rv)
+        also = []
+        for b in chain[last_out + 1:]:
+            if not ok(sch.compute_inline, b.block_rv):
+                also.append(b.name)
+        rows = ReductionRule()
+        if not rows.schedule_rows(sch, infos[first_red:], target, host, also=also):
+            return None
+        lanes = vector_lanes(host, 32)
+        for b in chain[:last_out + 1]:
+            if is_output_block(sch, b.block_rv):
+                tile_injective(sch, b.block_rv, target, host, stage=True)
+        j0 = schedule_contraction(sch, gemm.block_rv, lanes)
+        if j0 is not None and num_cores(host) > 1:
+            loops = sch.get_loops(gemm.block_rv)
+            names = [sch.get(l).loop_var.name for l in loops]
+            outer = loops[:names.index(sch.get(j0).loop_var.name) + 1]
+            ok(sch.parallel, sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        self.note = "residual sum is a second output: GEMM and residual run as separate stages, the norm per row"
         return sch
