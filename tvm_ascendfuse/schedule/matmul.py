@@ -401,11 +401,9 @@ def schedule_prologue(sch, pro_blocks, hv: HostVector, gemm_name: str):
     depends_on_reduce = set()
     for b in pro_blocks:
         name = sch.get(b).name_hint
-        reads = {r.source for r in sch.get(b).reads}
         producer_names = {sch.get(p).name_hint for p in sch.get_producers(b)}
         if _has_reduce(sch, b) or producer_names & depends_on_reduce:
             depends_on_reduce.add(name)
-        del reads
     stage_out = []
     for b in reversed(pro_blocks):
         name = sch.get(b).name_hint
