@@ -11,8 +11,8 @@ forms built from plain arithmetic, which LLVM vectorises:
 * erf: the odd rational approximation used by Eigen/XLA on [-4, 4] (|error| < 1e-6 in float32).
 * sigmoid: ``1 / (1 + exp(-x))`` with the exp above.
 
-The rewrite works on TIR (after FuseTIR) so it reaches every fused kernel whatever grouped it; half
-precision is computed in float32 and cast back.
+The rewrite works on TIR (after FuseTIR) so it reaches every fused kernel whatever grouped it; float16 is
+computed in float32 and cast back; bfloat16 is left to libm (see ``_rewrite_call``).
 """
 
 from __future__ import annotations
@@ -83,7 +83,10 @@ def _rewrite_call(call):
     if not isinstance(ty, tvm.ir.PrimType):
         return call
     dtype = str(ty.dtype)
-    if dtype not in ("float32", "float16", "bfloat16"):
+    if dtype not in ("float32", "float16"):
+        # bfloat16 is emulated on the host: TVM's BF16 legalization expands the final f32->bf16 cast into
+        # rounding bit arithmetic that repeats its operand, duplicating our Let bindings (same var bound
+        # twice), which gave wrong sigmoid values (|err| ~0.9) or a vectorizer abort. Keep libm there.
         return call
     arg = call.args[0]
     if dtype != "float32":
