@@ -427,12 +427,40 @@ def schedule_prologue(sch, pro_blocks, hv: HostVector, gemm_name: str):
         loops = sch.get_loops(b)
         if len(loops) < 2:
             continue
-        row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        rf_blocks = [rf for p in _transitive_producers(sch, b) if (rf := _vector_partial_sums(sch, p, lanes))]
+        row = sch.fuse(*sch.get_loops(b)[:-1]) if len(sch.get_loops(b)) > 2 else sch.get_loops(b)[0]
         for p in reversed(_transitive_producers(sch, b)):
             try_(sch.compute_at, p, row)
         try_(sch.parallel, row)
         _vectorize_inner(sch, b, lanes)
+        for rf in rf_blocks:
+            if not _still_exists(sch, rf):
+                continue
+            lanes_loop, red_loop = sch.get_loops(rf)[-2:]       # after compute_at: (lanes, chunks)
+            if not ok(sch.reorder, red_loop, lanes_loop) or not ok(sch.vectorize, lanes_loop):
+                continue
+            init = try_(sch.decompose_reduction, rf, red_loop)
+            if init is not None:
+                try_(sch.vectorize, sch.get_loops(init)[-1])
     return stage_out
+
+
+def _vector_partial_sums(sch, block, lanes: int):
+    """Row sums as ``lanes`` vector partial sums (rfactor, before any compute_at: it needs the reduction
+    loop outermost in its block) plus a short final sum; None when the block is not such a reduction."""
+    if not _has_reduce(sch, block):
+        return None
+    loops = sch.get_loops(block)
+    ext = extent(sch, loops[-1]) if loops else None
+    kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+    if ext is None or ext % lanes or ext <= lanes or kinds[-1] == tirx.IterVar.DataPar or kinds.count(
+            tirx.IterVar.CommReduce) != 1:
+        return None
+    try:
+        _, ki = sch.split(loops[-1], [None, lanes])
+        return sch.rfactor(ki, len(sch.get(block).iter_vars) - 1)
+    except Exception:  # noqa: BLE001 - not an rfactor-able reduction: keep it scalar
+        return None
 
 
 def _transitive_producers(sch, block):
