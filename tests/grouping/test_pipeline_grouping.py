@@ -52,3 +52,12 @@ def test_llama_block_small():
 def test_resnet_basic_block_small():
     ours, _ = _check(resnet_basic_block(channels=8, hw=8))
     assert kernel_count(ours) == 2
+
+
+def test_tiny_resnet50_pool_and_head_merge_into_conv_kernels():
+    from tvm_ascendfuse.workloads import resnet50
+    ours = assert_same_numbers(import_onnx(resnet50(image=32, base_width=8, layers=(1, 1, 1, 1), num_classes=10)))
+    t = ours.report.sections["traffic"]
+    assert ours.report.get("CostBasedFusionPass").effect_times > 0
+    assert t["ours"]["launches"] < t["tvm_default"]["launches"]
+    assert t["ours"]["modeled_time_us"] < t["tvm_default"]["modeled_time_us"]
