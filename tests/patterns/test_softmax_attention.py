@@ -29,14 +29,22 @@ def test_softmax_mask_fp16():
 
 
 def test_softmax_row_too_long_for_ub():
-    """One 200000-long fp32 row (x2 double buffering) cannot fit 184 KiB: refused, bytes recorded."""
+    """One 200000-long fp32 row (x2 double buffering) cannot fit 184 KiB: refused, bytes recorded.
+
+    Run at the pattern-fusion pass only: lowering a 200000-wide softmax through the whole pipeline takes
+    minutes and says nothing more about the pattern (the unfused fallback is covered by the 6000 case)."""
+    from tvm_ascendfuse.grouping import PatternFusionPass
+    from tvm_ascendfuse.report import FusionReport
+
     mod = build([("s", (1, 200000), "float32")],
                 lambda bb, s: relax.op.nn.softmax(bb.emit(relax.op.multiply(s, relax.const(0.5))), axis=-1))
-    result = assert_same_numbers(mod)
-    recs = [r for r in refusals(result, "TbeSoftmaxFusionPass") if r["reason"] == "ub_overflow"]
-    assert recs, result.report.get("TbeSoftmaxFusionPass").to_dict()
+    report = FusionReport()
+    grouped = PatternFusionPass("ascend910b", report)(mod)
+    recs = [r for r in report.get("TbeSoftmaxFusionPass").not_effective if r["reason"] == "ub_overflow"]
+    assert recs, report.get("TbeSoftmaxFusionPass").to_dict()
     assert recs[0]["bytes_needed"] >= 2 * 200000 * 4 * 2 and recs[0]["bytes_available"] == 184 * 1024
-    assert not any(k["pattern"] == "ascendfuse.softmax.scale" for k in result.report.kernels)
+    assert not any(f.attrs and "Composite" in f.attrs for _, f in grouped.functions.items()
+                   if isinstance(f, relax.Function))
 
 
 Q = ("q", (1, 2, 8, 16), "float32")
