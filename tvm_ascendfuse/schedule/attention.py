@@ -43,7 +43,7 @@ class AttentionRule(ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
         self.note = None
-        if any(str(buf.dtype) == "bfloat16" for buf in func.buffer_map.values()):
+        if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) == "bfloat16" for p in func.params):
             # bf16 is stored as uint16 on the host; this rule's vectorized stores then fail TVM's BF16
             # legalization ("dtype mismatch on BufferStore ... T.bfloat16x8"). Another rule takes it.
             return None
