@@ -48,3 +48,25 @@ def test_every_pattern_has_a_fusion_test():
     tested = set(re.findall(r'"(ascendfuse\.[a-z0-9_]+\.[a-z0-9_]+)"', text))
     missing = sorted({s.name for s in patterns.pattern_table()} - tested)
     assert not missing, missing
+
+
+def test_matmul_working_set_arithmetic():
+    """The bytes a refusal records are the documented sum: fp32 matmul + bias + relu, one 16x16x16 step:
+    A, B, accumulator, matmul result, add result, bias slice (16 floats = 64 B), relu result = 6 KiB + 64,
+    doubled for double buffering = 12416 B. With an 8 KiB UB that is an ub_overflow."""
+    from tvm import relax
+
+    from tests.patterns.util import build, const
+    from tvm_ascendfuse.grouping import PatternFusionPass
+    from tvm_ascendfuse.report import FusionReport
+    from tvm_ascendfuse.target import make_target
+
+    mod = build([("x", (64, 64), "float32"), ("w", (64, 64), "float32")],
+                lambda bb, x, w: relax.op.nn.relu(bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, w)),
+                                                                       const((64,))))))
+    report = FusionReport()
+    PatternFusionPass(make_target("ascend910b", ub_bytes=8192, ub_reserved_bytes=0), report)(mod)
+    recs = report.get("TbeMatmulElemwiseFusionPass").not_effective
+    first = next(r for r in recs if r["pattern"] == "ascendfuse.matmul.bias_act")
+    assert first["reason"] == "ub_overflow" and first["bytes_needed"] == 2 * (6 * 1024 + 64), recs
+    assert first["bytes_available"] == 8192
