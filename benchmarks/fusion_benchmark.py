@@ -333,8 +333,12 @@ def main(argv=None) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     rows = []
     for name in names:
-        rows.append(benchmark_workload(name, args.target, args.budget, args.max_default_call,
-                                       time_default=name not in skip, min_rounds=args.min_rounds, log=log))
+        try:
+            rows.append(benchmark_workload(name, args.target, args.budget, args.max_default_call,
+                                           time_default=name not in skip, min_rounds=args.min_rounds, log=log))
+        except af.AscendFuseError as err:     # one workload failing to compile must not lose the others
+            rows.append({"workload": name, "description": WORKLOADS[name][1], "error": str(err),
+                         "notes": [f"failed: {type(err).__name__}: {err}"]})
         print(format_table(rows[-1:]), file=sys.stderr, flush=True)
     print(format_table(rows))
     print("ms columns: CPU wall-clock on the host (min over interleaved rounds), not NPU times; noisy on a "
