@@ -16,6 +16,7 @@ import re
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
@@ -104,15 +105,24 @@ class AttentionRule(ScheduleRule):
         # Row block: scores-like rows (staged stages) + Kᵀ/prologue + output rows, double-buffered.
         d_static = d_out if isinstance(d_out, int) else 256
         batch = math.prod(d if isinstance(d, int) else 1 for d in c2.dom()[:nb])
-        head_bytes = sum(_per_head_bytes(sch, b, batch) for b in staged if not any(b.same_as(r) for r in row_stages))
-        row_bytes = sk * 4 * len(row_stages) + d_static * dtype_bytes * 2
-        copies = 2 if target.double_buffer else 1
         sq = c2.dom()[nb]
+        sq_static = sq if isinstance(sq, int) else 256
+        head_bytes, row_bytes = 0, sk * 4 * len(row_stages) + d_static * dtype_bytes * 2
+        for b in staged:
+            if any(b.same_as(r) for r in row_stages):
+                continue
+            if _row_indexed(sch, c1.block_rv, b):      # Q rows: only the block's rows are needed per step
+                row_bytes += _per_head_bytes(sch, b, batch) // max(1, sq_static)
+            else:                                       # Kᵀ / V panels: once per head
+                head_bytes += _per_head_bytes(sch, b, batch)
+        copies = 2 if target.double_buffer else 1
         rb = 1
-        while (rb * 2 <= (sq if isinstance(sq, int) else 64) and rb * 2 <= 64
-               and copies * (head_bytes + rb * 2 * row_bytes) <= target.ub_usable):
+        while (rb * 2 <= sq_static and rb * 2 <= 64
+               and head_bytes + copies * rb * 2 * row_bytes <= target.ub_usable):
             rb *= 2
-        if copies * (head_bytes + rb * row_bytes) > target.ub_usable:
+        if head_bytes + copies * rb * row_bytes > target.ub_usable:
+            self.note = (f"one score row block needs {head_bytes + copies * row_bytes} B of UB > "
+                         f"{target.ub_usable} B usable")
             return None
         cores = num_cores(host)
         while rb > 4 and isinstance(sq, int) and batch * math.ceil(sq / rb) < 2 * cores:
@@ -176,6 +186,20 @@ def _gone(sch, block) -> bool:
         return False
     except Exception:  # noqa: BLE001 - inlined blocks no longer resolve
         return True
+
+
+def _row_indexed(sch, product, block) -> bool:
+    """Whether ``product`` reads ``block``'s output along its row (query) axis, e.g. the Q operand."""
+    stmt = sch.get(product)
+    spatial = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    if len(spatial) < 2:
+        return False
+    row = spatial[-2]
+    buf = sch.get(block).writes[0].source
+    for region in stmt.reads:
+        if region.source.same_as(buf):
+            return any(row.name in {v.name for v in collect_vars_used_in_prim_expr(r.min)} for r in region.region)
+    return False
 
 
 def _per_head_bytes(sch, block, batch: int) -> int:
