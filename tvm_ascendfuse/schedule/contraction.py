@@ -91,3 +91,73 @@ def _largest_divisor(n: int, cap: int) -> int:
         if n % d == 0:
             return d
     return 1
+
+
+def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 16) -> bool:
+    """A whole GEMM at the root of its kernel (K1 recipe, field guide §10): loops ``j0, i0, k0, k1, i1, j1,
+    j2``, an ``mr × nr`` accumulator tile in ``local.UB`` (registers on the host) written back per
+    micro-tile, k unrolled by 4, parallel over the column panels. False when the block is not a plain
+    product with a static, vectorisable output axis."""
+    from .base import UB_SCOPE
+
+    stmt = sch.get(block)
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    red = [i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce]
+    spatial = [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar]
+    if len(red) != 1 or len(spatial) < 2:
+        return False
+    by_iter = loops_by_iter(sch, block)
+    i_loop, j_loop, k_loop = by_iter.get(spatial[-2]), by_iter.get(spatial[-1]), by_iter.get(red[0])
+    if i_loop is None or j_loop is None or k_loop is None:
+        return False
+    i_ext, j_ext, k_ext = extent(sch, i_loop), extent(sch, j_loop), extent(sch, k_loop)
+    v = vector_width_for(j_ext, lanes)
+    if j_ext is None or v < 2:
+        return False
+    mr, nvec = micro_tile(i_ext, j_ext, v, accumulators)
+    if j_ext % (nvec * v):
+        nvec = 1
+    if i_ext is not None and i_ext % mr:
+        mr = _largest_divisor(i_ext, mr)
+    _prepack_weight(sch, block, stmt.iter_vars[spatial[-1]].var, stmt.iter_vars[red[0]].var, nvec * v)
+    by_iter = loops_by_iter(sch, block)
+    i_loop, j_loop, k_loop = by_iter[spatial[-2]], by_iter[spatial[-1]], by_iter[red[0]]
+    loops = sch.get_loops(block)
+    names = [sch.get(l).loop_var.name for l in loops]
+    outer = loops[:names.index(sch.get(i_loop).loop_var.name)]
+    i0, i1 = sch.split(i_loop, [None, mr])
+    j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
+    uk = 4 if k_ext is not None and k_ext % 4 == 0 else 1
+    k0, k1 = sch.split(k_loop, [None, uk])
+    sch.reorder(*outer, j0, i0, k0, k1, i1, j1, j2)
+    copy = sch.cache_write(block, 0, UB_SCOPE)
+    sch.reverse_compute_at(copy, i0, preserve_unit_loops=True)
+    innermost_vector(sch, copy, lanes)
+    ok(sch.vectorize, j2)
+    ok(sch.unroll, j1)
+    ok(sch.unroll, i1)
+    ok(sch.unroll, k1)
+    if cores > 1:
+        par = sch.fuse(*outer, j0) if outer else j0
+        ok(sch.parallel, par)
+    init = try_(sch.decompose_reduction, block, k0)
+    if init is not None:
+        innermost_vector(sch, init, lanes)
+    return True
+
+
+def _prepack_weight(sch, block, j_var, k_var, nr: int) -> None:
+    """A constant 2-D weight read as ``B[k, j]`` is re-laid out to ``(N/nr, K, nr)`` once at compile time
+    (``layout.mark_prepack``): the k loop then walks one contiguous panel instead of rows N·4 bytes apart."""
+    from .layout import mark_prepack, packable_param
+
+    stmt = sch.get(block)
+    for idx, region in enumerate(stmt.reads):
+        mins = [r.min for r in region.region]
+        if len(mins) == 2 and isinstance(mins[0], tirx.Var) and isinstance(mins[1], tirx.Var) \
+                and mins[0].same_as(k_var) and mins[1].same_as(j_var):
+            shape = region.source.shape
+            if packable_param(sch, region.source) is None or int(shape[1]) % nr:
+                return
+            try_(mark_prepack, sch, block, idx, lambda k, n: (n // nr, k, n % nr))
+            return

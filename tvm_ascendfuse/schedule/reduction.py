@@ -18,7 +18,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .contraction import schedule_contraction
+from .contraction import schedule_contraction, schedule_gemm_root
 from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, num_cores, root_blocks,
                      loops_through, ok, try_, vector_lanes, vector_width_for)
 
@@ -252,10 +252,11 @@ class GemmNormRule(ScheduleRule):
         # bias/residual chain: all but its last block inlined; the last (the normalised tensor) is staged
         chain = infos[gi + 1:first_red]
         outs = [pos for pos, b in enumerate(chain) if is_output_block(sch, b.block_rv)]
-        if outs:
-            # The residual sum is also an output: TIR cannot compute an output block per row step between
-            # its producer and consumers, so GEMM + residual run as their own tiled stages first.
-            return self._split_stages(sch, infos, gi, first_red, outs[-1], target, host)
+        # On the host the GEMM runs as its own register-blocked stage over all rows (its weight panel is
+        # reused by every row; per row block it would be re-streamed from memory), then the norm per row.
+        # A residual sum that is also an output must be a stage of its own too (TIR cannot compute an output
+        # block per row step between its producer and consumers).
+        return self._split_stages(sch, infos, gi, first_red, outs[-1] if outs else -1, target, host)
         also, tails = [gemm.name], []
         for pos, b in enumerate(chain):
             if pos == len(chain) - 1 or not ok(sch.compute_inline, b.block_rv):
@@ -291,21 +292,26 @@ class GemmNormRule(ScheduleRule):
             if not is_output_block(sch, b.block_rv):
                 ok(sch.compute_inline, b.block_rv)
         also = []
-        for b in chain[last_out + 1:]:
-            if not ok(sch.compute_inline, b.block_rv):
+        rest = chain[last_out + 1:]
+        for pos, b in enumerate(rest):
+            if pos == len(rest) - 1 or not ok(sch.compute_inline, b.block_rv):
+                ok(sch.set_scope, b.block_rv, 0, UB_SCOPE)      # the row being normalised, per row in UB
                 also.append(b.name)
         rows = ReductionRule()
         if not rows.schedule_rows(sch, infos[first_red:], target, host, also=also):
             return None
         lanes = vector_lanes(host, 32)
-        for b in chain[:last_out + 1]:
+        for b in chain[:max(0, last_out + 1)]:
             if is_output_block(sch, b.block_rv):
                 tile_injective(sch, b.block_rv, target, host, stage=True)
-        j0 = schedule_contraction(sch, gemm.block_rv, lanes)
-        if j0 is not None and num_cores(host) > 1:
+        if not schedule_gemm_root(sch, gemm.block_rv, lanes, num_cores(host)):
+            # odd output width: no register tile, still reduction-outside loops and parallel rows
+            schedule_contraction(sch, gemm.block_rv, lanes)
             loops = sch.get_loops(gemm.block_rv)
-            names = [sch.get(l).loop_var.name for l in loops]
-            outer = loops[:names.index(sch.get(j0).loop_var.name) + 1]
-            ok(sch.parallel, sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        self.note = "residual sum is a second output: GEMM and residual run as separate stages, the norm per row"
+            if num_cores(host) > 1 and loops:
+                ok(sch.parallel, loops[0])
+        if last_out >= 0:
+            self.note = "residual sum is a second output: GEMM and residual run as separate stages, the norm per row"
+        else:
+            self.note = rows.note
         return sch
