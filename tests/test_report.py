@@ -61,3 +61,13 @@ def test_record_and_touch():
     d = r.to_dict()["other"]["X"]
     assert d == {"match_times": 2, "effect_times": 1,
                  "not_effective": [{"reason": "check_failed", "where": "lv3", "failed": "weights not constant"}]}
+
+
+def test_identical_groups_count_once_each():
+    """Three equal matmul+bias+relu layers share one group function; each fusion still counts."""
+    from tvm_ascendfuse.workloads import mlp3
+
+    result = compile_ours(import_onnx(mlp3(rows=4, width=32)))
+    rec = result.report.get("TbeMatmulElemwiseFusionPass")
+    assert (rec.match_times, rec.effect_times) == (3, 3)
+    assert kernel_count(result) == 3

@@ -18,9 +18,21 @@ from ..switches import FusionSwitches
 from ..target import AscendTarget, current_target_from_tvm, get_target
 
 
-def _composites(mod) -> Counter:
-    return Counter(str(f.attrs["Composite"]) for _, f in mod.functions.items()
-                   if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs)
+def _composite_calls(mod) -> Counter:
+    """Calls of each pattern's group function. FuseOpsByPattern shares one function between identical
+    groups, so counting functions would undercount (three equal matmul+bias+relu layers = one function)."""
+    names = {gv: str(f.attrs["Composite"]) for gv, f in mod.functions.items()
+             if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs}
+    counts = Counter()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.GlobalVar) and expr.op in names:
+            counts[names[expr.op]] += 1
+
+    for gv, f in mod.functions.items():
+        if isinstance(f, relax.Function) and gv not in names:
+            relax.analysis.post_order_visit(f.body, visit)
+    return counts
 
 
 class PatternFusionPass(PyPass):
@@ -62,10 +74,10 @@ class PatternFusionPass(PyPass):
 
             return check
 
-        before = _composites(mod)
+        before = _composite_calls(mod)
         table = [(s.name, s.pattern, dict(s.annotations), bind(s)) for s in specs]
         mod = relax.transform.FuseOpsByPattern(table, bind_constants=False, annotate_codegen=False)(mod)
-        made = _composites(mod) - before
+        made = _composite_calls(mod) - before
         by_name = {s.name: s for s in specs}
         for name, n in made.items():
             if name in by_name:
