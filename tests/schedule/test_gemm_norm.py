@@ -48,3 +48,12 @@ def test_declines_plain_norm_and_plain_matmul():
     assert rule.apply(fused_kernel(lambda x, g, b: op.nn.layer_norm(x, g, b, [-1]), [(4, 8), (8,), (8,)]),
                       NPU, None) is None
     assert rule.apply(fused_kernel(lambda a, b: op.matmul(a, b), [(8, 16), (16, 4)]), NPU, None) is None
+
+
+def test_swiglu_two_products():
+    from tvm_ascendfuse.schedule.multi_gemm import MultiGemmRule
+
+    build = lambda x, wg, wu: op.multiply(op.nn.silu(op.matmul(x, wg)), op.matmul(x, wu))  # noqa: E731
+    check_rule(MultiGemmRule(), fused_kernel(build, [(1, 16, 32), (32, 64), (32, 64)]), host=NATIVE)
+    check_rule(MultiGemmRule(), fused_kernel(build, [(9, 12), (12, 20), (12, 20)]))
+    assert MultiGemmRule().apply(fused_kernel(lambda a, b: op.matmul(a, b), [(8, 16), (16, 4)]), NPU, None) is None

@@ -20,11 +20,12 @@ from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
 from .fast_math import use_fast_math
 from .matmul import MatmulRule
+from .multi_gemm import MultiGemmRule
 from .reduction import GemmNormRule, ReductionRule
 
-# Most specific first. Attention (two contractions around a softmax) precedes the GEMM rule, which would
-# otherwise treat the P·V product as a GEMM with a huge prologue.
-DEFAULT_RULES = (AttentionRule, MatmulRule, Conv2dRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+# Most specific first. Attention (two products around a softmax) and several independent products
+# (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
+DEFAULT_RULES = (AttentionRule, MultiGemmRule, MatmulRule, Conv2dRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
 def _symbolic_on_chip(name: str, func: tirx.PrimFunc, target: AscendTarget) -> bool:
