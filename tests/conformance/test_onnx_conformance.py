@@ -22,6 +22,8 @@ PINNED = {
     "test_slice",                      # dynamic Slice: pre-legalization FoldConstant dropped shape_func
     "test_slice_negative_axes",
     "test_reduce_mean_default_axes_keepdims_example",
+    "test_unsqueeze_axis_0",           # runtime axes: weight pre-packing split aborted on the shape_func
+    "test_slice_neg",
 }
 
 
