@@ -121,6 +121,27 @@ def test_fuzz_regressions(spec):
     check_graph(spec)
 
 
+# random_spec(539), found by the 1000-graph sweep: concat -> strided_slice -> matmul(const W) -> concat ->
+# strided_slice as one kernel. Scheduled by MatmulRule it returns garbage (|err| 2.5 .. 1e36 / nan) when it
+# is the first kernel compiled in the process; compiled after TVM's default build of the same module it is
+# right. So it is checked in a fresh interpreter.
+FIRST_COMPILE_CASE = "random_spec(539)"
+
+
+@pytest.mark.xfail(strict=True, reason="MatmulRule: wrong numbers on first compile in a process (open bug)")
+def test_first_compile_in_fresh_process_matches_default():
+    import subprocess
+    import sys
+
+    code = ("from tests.reliability.graph_fuzz import random_spec\n"
+            "from tests.reliability.test_fuzz import check_graph\n"
+            f"check_graph({FIRST_COMPILE_CASE})\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def sweep(n: int, start: int = 0, log=print) -> dict:
     """Graphs ``random_spec(start) .. random_spec(start + n - 1)``; tally outcomes without stopping."""
     import traceback
