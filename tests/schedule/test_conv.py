@@ -123,3 +123,24 @@ def test_input_relaid_out_nchwc_is_exact(xs, ws, stride, pad):
     func = fused_kernel(conv_bias_relu(stride, pad), [xs, ws, (1, ws[0], 1, 1)])
     mod = check_rule(rule, func.with_attr("layout_free_buffers", [1]), host=NATIVE)
     assert "rc_0" in mod.script() and "pad_temp" in mod.script()
+
+
+def test_shape_changing_epilogue_runs_after_the_conv():
+    """A concatenate merged into the conv kernel writes a larger buffer than the conv: it must not be
+    computed per conv tile (it was, and half the channels came out as garbage)."""
+    def build(x, w, b, other):
+        return op.concat([other, op.nn.leakyrelu(op.add(op.nn.conv2d(x, w), b), 0.1)], axis=1)
+
+    check_rule(Conv2dRule(), fused_kernel(build, [(1, 3, 8, 8), (4, 3, 1, 1), (1, 4, 1, 1), (1, 4, 8, 8)]),
+               host=NATIVE)
+
+
+def test_matmul_with_concat_epilogue():
+    from tvm_ascendfuse.schedule.matmul import MatmulRule
+
+    def build(x, w, other):
+        return op.concat([op.nn.relu(op.matmul(x, w)), other], axis=1)
+
+    func = fused_kernel(build, [(8, 16), (16, 32), (8, 8)])
+    if MatmulRule().apply(func, get_target("ascend910b"), NATIVE) is not None:
+        check_rule(MatmulRule(), func, host=NATIVE)

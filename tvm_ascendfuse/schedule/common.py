@@ -50,6 +50,24 @@ def extent(sch: s_tir.Schedule, loop) -> int | None:
     return int(ext) if isinstance(ext, tirx.IntImm) else None
 
 
+def writes_as_many(sch: s_tir.Schedule, block, shape) -> bool:
+    """Does ``block`` write exactly as many elements as a buffer of ``shape`` holds?
+
+    An epilogue may be computed per tile of its producer only then (bias, activation, reshape, transpose).
+    A block that writes more (a concatenate reading the tile in one branch of an if_then_else) gets a wrong
+    region from reverse_compute_at, so such blocks must run after the producer instead."""
+    def count(dims):
+        n = 1
+        for d in dims:
+            if not isinstance(d, tirx.IntImm):
+                return None
+            n *= int(d)
+        return n
+
+    want = count(shape)
+    return want is not None and all(count(w.source.ty.shape) == want for w in sch.get(block).writes)
+
+
 def vector_width_for(ext: int | None, lanes: int) -> int:
     """Largest power of two <= lanes dividing a static extent (no scalar tail inside a vector loop).
     A symbolic extent gets the full width: its tail is predicated."""

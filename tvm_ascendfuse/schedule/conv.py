@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, ok, root_blocks, try_
+from .common import extent, ok, root_blocks, try_, writes_as_many
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
@@ -211,10 +211,19 @@ class Conv2dRule(ScheduleRule):
             mark_prepack(sch, conv, info.weight_read, lambda f, c, r, s: (f // ocb, c, r, s, f % ocb))
             packed = True
         epi = list(blocks[ci + 1:])
-        if epi:
+        out_shape = sch.get(conv).writes[0].source.ty.shape
+        tiled_epi = all(writes_as_many(sch, b, out_shape) for b in epi)
+        if epi and tiled_epi:
             sch.set_scope(conv, 0, UB_SCOPE)
         else:
-            epi = [sch.cache_write(conv, 0, UB_SCOPE)]
+            # No epilogue, or one that changes the shape (e.g. a concatenate the grouping merged in): it
+            # cannot run per conv tile, so the accumulator tile goes through UB and the epilogue runs after.
+            rest, epi = epi, [sch.cache_write(conv, 0, UB_SCOPE)]
+            if rest:
+                *before, after = rest
+                for b in before:
+                    ok(sch.compute_inline, b)
+                parallel_vector(sch, after, lanes)
         *inner, last = epi
         for b in inner:
             ok(sch.compute_inline, b)

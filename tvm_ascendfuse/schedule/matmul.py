@@ -27,7 +27,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, ok, root_blocks, try_
+from .common import extent, ok, root_blocks, try_, writes_as_many
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
@@ -261,6 +261,7 @@ class MatmulRule(ScheduleRule):
         schedule_prologue(sch, pro, hv, mm_name)      # inlines transposes/casts: roles may now be params
         _, gi, info = find_gemm(sch)
         mm = info.block
+        out_shape = info.c_buf.ty.shape       # before any padding: what a tile-local epilogue writes
         loops = sch.get_loops(mm)
         ext = lambda p: extent(sch, loops[p])  # noqa: E731
         c_dtype = str(info.c_buf.ty.dtype)
@@ -307,7 +308,7 @@ class MatmulRule(ScheduleRule):
             a_ub = sch.cache_read(mm, info.a_read, UB_SCOPE)  # mr x kc A panel per K chunk
             sch.compute_at(a_ub, kl[0])
             _vectorize_inner(sch, a_ub, hv.lanes(str(info.a_buf.ty.dtype)))
-        if not self._epilogue(sch, epi, i0, hv.lanes(c_dtype)):
+        if not self._epilogue(sch, epi, i0, hv.lanes(c_dtype), out_shape):
             # an epilogue that cannot consume the tile in place (a layout change the region analysis cannot
             # follow) reads the whole result: keep it in memory, not in UB
             sch.set_scope(mm, 0, "global")
@@ -324,7 +325,7 @@ class MatmulRule(ScheduleRule):
         sch.annotate(mm, "ascendfuse.schedule", f"{'packed ' if packed else ''}{'padded ' if pad_m or pad_n else ''}{t}")
         return sch
 
-    def _epilogue(self, sch, epi_blocks, i0, lanes) -> bool:
+    def _epilogue(self, sch, epi_blocks, i0, lanes, out_shape) -> bool:
         """Fuse the epilogue into the register block; False when some block stays at the root."""
         if not epi_blocks:
             return True
@@ -335,7 +336,7 @@ class MatmulRule(ScheduleRule):
             if not ok(sch.compute_inline, b):
                 leftover.append(b)
         for b in leftover + [last]:
-            if not ok(sch.reverse_compute_at, b, i0):
+            if not writes_as_many(sch, b, out_shape) or not ok(sch.reverse_compute_at, b, i0):
                 parallel_vector(sch, b, lanes)
                 placed = False
                 continue
