@@ -15,7 +15,7 @@ from .target import AscendTarget, get_target
 class CompileResult:
     executable: "tvm.relax.VMExecutable"
     report: FusionReport
-    fused_module: tvm.IRModule      # Relax + TIR after UB fusion, before VM lowering
+    fused_module: tvm.IRModule      # Relax + scheduled TIR after UB verification, before VM lowering
     target: AscendTarget
     host_target: "tvm.target.Target"
 
@@ -26,4 +26,4 @@ def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", 
     host = npu.host_target(portable=portable)
     pipeline = AscendFusePipeline(npu, switches)
     ex = tvm.compile(mod, target=host, relax_pipeline=pipeline)
-    return CompileResult(ex, pipeline.report, pipeline.snapshots.get("ub_fusion", mod), npu, host)
+    return CompileResult(ex, pipeline.report, pipeline.snapshots.get("verify", mod), npu, host)
