@@ -122,15 +122,12 @@ def test_fuzz_regressions(spec):
 
 
 # random_spec(539), found by the 1000-graph sweep: concat -> strided_slice -> matmul(const W) -> concat ->
-# strided_slice as one kernel, scheduled by MatmulRule. It returns garbage (0.0, 3e-41, 1e36, nan: reads of
-# uninitialised memory) depending on what ran before it in the process; in a fresh interpreter running
-# check_graph (reference compiled first, ours run first) it fails every time (still at 6e1a98c, which fixed
-# the compile-ours-first order). Open bug for the schedule rules; strict so the fix flips it to a failure
-# that asks for the marker to go.
+# strided_slice as one kernel, scheduled by MatmulRule. The epilogue (a concatenate inlined into the slice)
+# reads the GEMM tile in one branch of an index condition; placed per tile by reverse_compute_at it got a
+# one-column region and returned uninitialised memory. Run in a fresh interpreter, where it always failed.
 FIRST_COMPILE_CASE = "random_spec(539)"
 
 
-@pytest.mark.xfail(strict=True, reason="MatmulRule kernel reads uninitialised memory (open bug, see comment)")
 def test_first_compile_in_fresh_process_matches_default():
     import subprocess
     import sys

@@ -246,3 +246,15 @@ def test_mark_constant_weights_keeps_names_and_needs_every_call_constant():
     res = relax.VirtualMachine(tvm.compile(out, target=NATIVE), tvm.cpu())["main"](
         tvm.runtime.tensor(xv), tvm.runtime.tensor(wv)).numpy()
     np.testing.assert_allclose(res, np.maximum(xv @ w + b, 0) + np.maximum(xv @ wv + b, 0), **tol("float32"))
+
+
+def test_epilogue_selecting_by_index_is_not_placed_per_tile():
+    """concat -> slice after the GEMM (fuzz seed 539): the slice reads the tile in one branch of an index
+    condition, so it must run after the GEMM; per tile it read uninitialised memory."""
+    from tvm.relax import op as rop
+
+    def build(x, w, other):
+        cat = rop.concat([other, rop.matmul(x, w)], axis=1)
+        return rop.strided_slice(cat, axes=[1], begin=[7], end=[14])
+
+    check_rule(MatmulRule(), fused_kernel(build, [(8, 7), (7, 7), (8, 7)]), host=NATIVE)

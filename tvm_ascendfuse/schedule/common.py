@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
@@ -66,6 +67,36 @@ def writes_as_many(sch: s_tir.Schedule, block, shape) -> bool:
 
     want = count(shape)
     return want is not None and all(count(w.source.ty.shape) == want for w in sch.get(block).writes)
+
+
+def selects_by_index(sch: s_tir.Schedule, block) -> bool:
+    """Does ``block`` choose between sources by its own indices (a concatenate, possibly inlined into a
+    slice)? Such a block reads a producer tile only in one branch, and reverse_compute_at derives its
+    region from that branch alone, so it must not be placed per tile. Value conditions (leaky_relu's
+    ``x > 0``) read a buffer in the condition and are fine."""
+    found = []
+
+    def by_index(cond) -> bool:
+        loads, variables = [], []
+        tvm_ffi.structural_walk(cond, [(tvm.ir.expr.TensorLoad, loads.append), (tvm.ir.Var, variables.append)])
+        return bool(variables) and not loads
+
+    def on_call(call):
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "prim.if_then_else" and by_index(call.args[0]):
+            found.append(call)
+
+    def on_select(sel):
+        if by_index(sel.condition):
+            found.append(sel)
+
+    tvm_ffi.structural_walk(sch.get(block).body, [(tvm.ir.expr.Call, on_call),
+                                                  (tvm.ir.prim.expr.Select, on_select)])
+    return bool(found)
+
+
+def tile_local(sch: s_tir.Schedule, block, shape) -> bool:
+    """May ``block`` (an epilogue) be computed per tile of a producer whose output has ``shape``?"""
+    return writes_as_many(sch, block, shape) and not selects_by_index(sch, block)
 
 
 def vector_width_for(ext: int | None, lanes: int) -> int:

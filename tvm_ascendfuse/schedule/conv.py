@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, ok, root_blocks, try_, writes_as_many
+from .common import extent, ok, root_blocks, tile_local, try_
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
@@ -212,7 +212,7 @@ class Conv2dRule(ScheduleRule):
             packed = True
         epi = list(blocks[ci + 1:])
         out_shape = sch.get(conv).writes[0].source.ty.shape
-        tiled_epi = all(writes_as_many(sch, b, out_shape) for b in epi)
+        tiled_epi = all(tile_local(sch, b, out_shape) for b in epi)
         if epi and tiled_epi:
             sch.set_scope(conv, 0, UB_SCOPE)
         else:

@@ -27,7 +27,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, ok, root_blocks, try_, writes_as_many
+from .common import extent, ok, root_blocks, tile_local, try_
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
@@ -336,7 +336,7 @@ class MatmulRule(ScheduleRule):
             if not ok(sch.compute_inline, b):
                 leftover.append(b)
         for b in leftover + [last]:
-            if not writes_as_many(sch, b, out_shape) or not ok(sch.reverse_compute_at, b, i0):
+            if not tile_local(sch, b, out_shape) or not ok(sch.reverse_compute_at, b, i0):
                 parallel_vector(sch, b, lanes)
                 placed = False
                 continue
