@@ -456,6 +456,14 @@ class CostBasedFusionPass(PyPass):
                 owner[n.idx] = n.idx
         next_gid = itertools.count(len(nodes) + len(self._patterns))
         group_of = lambda node_idx: groups.get(owner.get(node_idx)) if owner.get(node_idx) is not None else None
+        # A duplicated node has no owner: its copies live in the groups of its users. Edges into those copies
+        # are real dependences, so every graph walk must see them (else a merge that closes a cycle through
+        # a copy looks convex).
+        copies: dict[int, set] = {}          # duplicated node -> gids of the groups holding a copy
+
+        def holders(node_idx) -> set:
+            og = owner.get(node_idx)
+            return {og} if og is not None else copies.get(node_idx, set())
 
         def gcost(members, copied=()):
             ins = model.inputs(members)
@@ -484,9 +492,8 @@ class CostBasedFusionPass(PyPass):
             out = set()
             for m in g.owner_of:
                 for u in nodes[m].users:
-                    og = owner.get(u)
-                    if og is not None and og != g.gid:
-                        out.add(og)
+                    out |= holders(u)
+            out.discard(g.gid)
             return out
 
         def reaches(src: Group, dst: Group, skip_direct: bool) -> bool:
@@ -523,7 +530,10 @@ class CostBasedFusionPass(PyPass):
             """-> (gain, new_members, detail, reason)"""
             gs = [groups[g] for g in gids]
             if kind == "dup":
-                return self._eval_dup(gs[0], groups, owner, nodes, model, gcost, cost_of, group_of, target)
+                if not self._dupable(gs[0], nodes, holders):
+                    # a stale candidate: the group took a copy of another producer since it was pushed
+                    return None, list(gs[0].members), {"why": "no longer a single duplicable op"}, CHECK_FAILED
+                return self._eval_dup(gs[0], groups, holders, nodes, model, gcost, cost_of, group_of, target)
             a, b = gs
             members = sorted(set(a.members) | set(b.members))
             reason, detail = legal(members, a, b)
@@ -574,7 +584,7 @@ class CostBasedFusionPass(PyPass):
                             out.append(("sib", tuple(sorted((g.gid, s)))))
             if cfg.allow_duplication:
                 for p in producers(g):
-                    if self._dupable(groups[p], nodes, owner):
+                    if self._dupable(groups[p], nodes, holders):
                         out.append(("dup", (p,)))
             return out
 
@@ -602,7 +612,7 @@ class CostBasedFusionPass(PyPass):
             merges += 1
             if kind == "dup":
                 where = _label(nodes, groups[gids[0]].members)
-                touched = self._apply_dup(groups[gids[0]], groups, owner, nodes)
+                touched = self._apply_dup(groups[gids[0]], groups, owner, holders, copies, nodes)
                 self.report.record(SWITCH, True, where=where, kind="duplicate", **detail)
                 for t in touched:
                     cost_cache.pop((t.gid, t.version - 1), None)
@@ -617,6 +627,8 @@ class CostBasedFusionPass(PyPass):
             groups[new.gid] = new
             for m in new.owner_of:
                 owner[m] = new.gid
+            for m in set(new.members) - new.owner_of:
+                copies[m] = (copies[m] - {a.gid, b.gid}) | {new.gid}
             self.report.record(SWITCH, True, where=_label(nodes, members), kind=kind, **detail)
             for k, ids in candidates_of(new):
                 if all(x in groups and nodes[groups[x].members[0]].fusable for x in ids):
@@ -640,7 +652,7 @@ class CostBasedFusionPass(PyPass):
                                    where=f"{_label(nodes, groups[g.gid].members)} -> "
                                          f"{_label(nodes, groups[c].members)}", kind="producer_consumer",
                                    **(detail or {}))
-            if cfg.allow_duplication and self._dupable(g, nodes, owner):
+            if cfg.allow_duplication and self._dupable(g, nodes, holders):
                 gain, _, detail, reason = evaluate("dup", (g.gid,))
                 if reason is not None:
                     self.report.record(SWITCH, False, reason, where=_label(nodes, g.members), kind="duplicate",
@@ -652,19 +664,20 @@ class CostBasedFusionPass(PyPass):
         return self._emit(block, nodes, groups, owner, group_of, model, bb, section, target, cost_of)
 
     # ---- duplication ---------------------------------------------------------------------------------------
-    def _dupable(self, g: Group, nodes, owner) -> bool:
+    def _dupable(self, g: Group, nodes, holders) -> bool:
         if len(g.members) != 1:
             return False
         n = nodes[g.members[0]]
         if n.locked is not None or not n.fusable or n.escapes or n.cube or n.pattern > INJECTIVE or len(n.users) < 2:
             return False
-        cons = {owner.get(u) for u in n.users}
-        return len(cons) >= 2 and all(nodes[u].fusable for u in n.users)
+        if not all(nodes[u].fusable and holders(u) for u in n.users):
+            return False
+        return len(_consumer_groups(n, holders)) >= 2
 
-    def _eval_dup(self, g, groups, owner, nodes, model, gcost, cost_of, group_of, target):
+    def _eval_dup(self, g, groups, holders, nodes, model, gcost, cost_of, group_of, target):
         cfg = self.config
         p = g.members[0]
-        cons = sorted({owner[u] for u in nodes[p].users})
+        cons = _consumer_groups(nodes[p], holders)
         before = cost_of(g).time_us(target)
         after = 0.0
         detail = {}
@@ -688,12 +701,13 @@ class CostBasedFusionPass(PyPass):
             return None, [p], detail, NOT_PROFITABLE
         return before - after, [p], detail, None
 
-    def _apply_dup(self, g, groups, owner, nodes):
+    def _apply_dup(self, g, groups, owner, holders, copies, nodes):
         p = g.members[0]
-        cons = sorted({owner[u] for u in nodes[p].users})
+        cons = _consumer_groups(nodes[p], holders)
         g.alive = False
         del groups[g.gid]
         owner.pop(p, None)
+        copies[p] = set(cons)
         touched = []
         for c in cons:
             cg = groups[c]
@@ -824,15 +838,24 @@ class CostBasedFusionPass(PyPass):
             for i, o in enumerate(outs):
                 bindings.append(relax.VarBinding(nodes[o].var, bb.normalize(relax.TupleGetItem(tmp, i))))
         c = cost_of(g)
+        alone = {m: _single_cost(model, m, group_of).time_us(target) for m in members}
+        # "unfused": the owned ops as their own kernels (sums to the block's unfused time over all groups);
+        # "parts": also the duplicated producers this group recomputes, i.e. every kernel the group replaces
         section["groups"].append({
             "name": gv.name_hint, "ops": names, "pattern": pat["name"] if pat is not None else None,
             "outputs": len(outs), "inputs": len(ins),
             "modeled_gm_bytes": int(c.dense_bytes) if c else None,
             "modeled_gm_bytes_padded": int(c.gm_bytes) if c else None, "tiles": c.tiles if c else None,
             "modeled_time_us": round(c.time_us(target), 4) if c else None,
-            "modeled_time_us_unfused": round(sum(_single_cost(model, m, group_of).time_us(target)
-                                                 for m in members if m in g.owner_of), 4)})
+            "duplicated_ops": len(set(members) - g.owner_of),
+            "modeled_time_us_unfused": round(sum(t for m, t in alone.items() if m in g.owner_of), 4),
+            "modeled_time_us_parts": round(sum(alone.values()), 4)})
         return bindings
+
+
+def _consumer_groups(node, holders) -> list:
+    """gids of the groups that read ``node`` (a user that is itself duplicated is read by all its copies)."""
+    return sorted(set().union(*(holders(u) for u in node.users)))
 
 
 def _single_cost(model, m, group_of):
