@@ -15,7 +15,8 @@ from .target import AscendTarget, get_target
 class CompileResult:
     executable: "tvm.relax.VMExecutable"
     report: FusionReport
-    fused_module: tvm.IRModule      # Relax + scheduled TIR after UB verification, before VM lowering
+    fused_module: tvm.IRModule      # after UB fusion: one PrimFunc per group (names as in the grouping report)
+    scheduled_module: tvm.IRModule  # after scheduling and UB verification (kernel names as in report.kernels)
     target: AscendTarget
     host_target: "tvm.target.Target"
 
@@ -26,4 +27,5 @@ def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", 
     host = npu.host_target(portable=portable)
     pipeline = AscendFusePipeline(npu, switches)
     ex = tvm.compile(mod, target=host, relax_pipeline=pipeline)
-    return CompileResult(ex, pipeline.report, pipeline.snapshots.get("verify", mod), npu, host)
+    snaps = pipeline.snapshots
+    return CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)

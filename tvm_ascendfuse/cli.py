@@ -91,7 +91,7 @@ def cmd_compile(args) -> int:
     with tempfile.TemporaryDirectory(dir=outdir, prefix=".ascendfuse-") as tmp:
         tmp = Path(tmp)
         result.executable.export_library(str(tmp / f"{stem}.so"))
-        (tmp / f"{stem}.fused.py").write_text(result.fused_module.script(show_meta=False))
+        (tmp / f"{stem}.fused.py").write_text(result.scheduled_module.script(show_meta=False))
         report.write(tmp / "fusion_result.json")
         for f in tmp.iterdir():
             os.replace(f, outdir / f.name)

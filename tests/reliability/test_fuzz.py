@@ -66,7 +66,7 @@ def check_graph(spec: GraphSpec) -> dict:
         for name, row in table.items():
             assert row["ub_bytes"] <= ours.target.capacity("local.UB"), (name, row)
     else:
-        for name, usage in module_usage(ours.fused_module, ours.target).items():
+        for name, usage in module_usage(ours.scheduled_module, ours.target).items():
             for scope in ON_CHIP_SCOPES:
                 assert usage.bytes(scope) <= ours.target.capacity(scope), (name, scope, usage.bytes(scope))
     return {"kernels": len(ours.report.kernels), "symbolic": spec.symbolic, "legacy": spec.legacy_seed is not None}
