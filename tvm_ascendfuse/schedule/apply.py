@@ -22,10 +22,18 @@ from .fast_math import use_fast_math
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .reduction import GemmNormRule, ReductionRule
+from .tuned import TunedRecordRule, open_database, records_dir
 
 # Most specific first. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
 DEFAULT_RULES = (AttentionRule, MultiGemmRule, MatmulRule, Conv2dRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+
+
+def default_rules(target: AscendTarget) -> list:
+    """Tuned records for this target first (when ``schedules/<target>/`` holds a database), then the rules."""
+    folder = records_dir(target.name)
+    tuned = [TunedRecordRule(open_database(folder))] if folder is not None else []
+    return tuned + _rule_instances(DEFAULT_RULES)
 
 
 def _symbolic_on_chip(name: str, func: tirx.PrimFunc, target: AscendTarget) -> bool:
@@ -45,7 +53,7 @@ class ApplyUBSchedules(PyPass):
         self.target = get_target(target) if not isinstance(target, AscendTarget) else target
         self.report = report
         self.host = host
-        self.rules = _rule_instances(rules if rules is not None else DEFAULT_RULES)
+        self.rules = _rule_instances(rules if rules is not None else default_rules(self.target))
 
     def pass_name(self) -> str:
         return "AscendApplyUBSchedules"
