@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .errors import AscendFuseError, ModelError
+from .errors import AscendFuseError
 
 EXIT_USER_ERROR = 2
 

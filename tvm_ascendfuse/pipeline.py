@@ -20,7 +20,7 @@ from .analysis.verify_ub import VerifyUBCapacity
 from .passbase import PyPass
 from .schedule.apply import ScheduleKernels
 from .report import FusionReport
-from .switches import FusionSwitches, resolve_switches
+from .switches import resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
 
 

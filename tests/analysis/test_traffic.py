@@ -5,18 +5,8 @@ import tvm
 from tvm import relax
 
 from tests.grouping.graph_gen import random_graph
-from tests.grouping.util import group, legalize
+from tests.grouping.util import build, group, legalize
 from tvm_ascendfuse.analysis.traffic import count_primfunc, lower_bound, traffic_summary
-
-
-def _build(shapes, body):
-    bb = relax.BlockBuilder()
-    xs = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", xs):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *xs))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def _prims(mod):
@@ -24,7 +14,7 @@ def _prims(mod):
 
 
 def test_matmul_counts():
-    mod = legalize(_build([(32, 64), (64, 48)], lambda bb, a, b: relax.op.matmul(a, b)))
+    mod = legalize(build([(32, 64), (64, 48)], lambda bb, a, b: relax.op.matmul(a, b)))
     k = count_primfunc(_prims(mod)["matmul"])
     assert k.read_bytes[:2] == [32 * 64 * 4, 64 * 48 * 4]
     assert k.write_bytes[2] == 32 * 48 * 4 and k.read_bytes[2] == 0     # accumulator reads are on-chip
@@ -34,7 +24,7 @@ def test_matmul_counts():
 
 
 def test_cube_fractal_padding():
-    mod = legalize(_build([(5, 20), (20, 7)], lambda bb, a, b: relax.op.matmul(a, b)))
+    mod = legalize(build([(5, 20), (20, 7)], lambda bb, a, b: relax.op.matmul(a, b)))
     k = count_primfunc(_prims(mod)["matmul"])
     assert k.cube_flops == 2 * 5 * 20 * 7
     assert k.cube_flops_padded == 2 * 16 * 32 * 16
@@ -43,13 +33,13 @@ def test_cube_fractal_padding():
 def test_strided_slice_reads_distinct_elements_only():
     def body(bb, x):
         return relax.op.strided_slice(x, axes=[0, 1], begin=[0, 0], end=[64, 64], strides=[2, 1])
-    mod = legalize(_build([(64, 64)], body))
+    mod = legalize(build([(64, 64)], body))
     [k] = [count_primfunc(f) for f in _prims(mod).values()]
     assert k.read_bytes[0] == 32 * 64 * 4 and k.write_bytes[1] == 32 * 64 * 4
 
 
 def test_conv_reads_input_once_and_counts_macs():
-    mod = legalize(_build([(1, 8, 16, 16), (16, 8, 3, 3)],
+    mod = legalize(build([(1, 8, 16, 16), (16, 8, 3, 3)],
                           lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=[1, 1, 1, 1])))
     conv = [count_primfunc(f) for f in _prims(mod).values()][0]
     assert conv.read_bytes[0] == 8 * 16 * 16 * 4
@@ -58,7 +48,7 @@ def test_conv_reads_input_once_and_counts_macs():
 
 
 def test_softmax_row_reads_once():
-    mod = legalize(_build([(8, 128)], lambda bb, x: relax.op.nn.softmax(x)))
+    mod = legalize(build([(8, 128)], lambda bb, x: relax.op.nn.softmax(x)))
     [k] = [count_primfunc(f) for f in _prims(mod).values()]
     assert k.read_bytes[0] == 8 * 128 * 4 and k.write_bytes[1] == 8 * 128 * 4
     assert k.reduce_row_elems == 128
@@ -81,7 +71,7 @@ def test_symbolic_extent_uses_bound():
 def test_summary_and_lower_bound():
     def body(bb, x, w):
         return relax.op.nn.relu(relax.op.add(relax.op.matmul(x, w), x))
-    mod = _build([(64, 64), (64, 64)], body)
+    mod = build([(64, 64), (64, 64)], body)
     unfused = traffic_summary(legalize(mod), "ascend910b")
     fused, _, _ = group(mod)
     ours = traffic_summary(fused, "ascend910b")
@@ -109,8 +99,7 @@ def test_counts_survive_scheduling():
 
     def body(bb, a, b):
         return relax.op.nn.relu(relax.op.matmul(a, b))
-    mod = legalize(_build([(64, 32), (32, 64)], body))
-    fused, _, _ = group(_build([(64, 32), (32, 64)], body))
+    fused, _, _ = group(build([(64, 32), (32, 64)], body))
     [(name, func)] = list(_prims(fused).items())
     before = count_primfunc(func)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))

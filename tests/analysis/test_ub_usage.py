@@ -5,7 +5,6 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-import tvm_ascendfuse as af
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage, normalize_scope_aliases
 from tvm_ascendfuse.analysis.verify_ub import VerifyUBCapacity
 from tvm_ascendfuse.errors import UBCapacityError

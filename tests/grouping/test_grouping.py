@@ -5,22 +5,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tests.grouping.util import check_equivalent, group, legalize
+from tests.grouping.util import build, check_equivalent, group, legalize
 from tvm_ascendfuse.grouping.cost import GroupingConfig
 from tvm_ascendfuse.grouping.grouping import CostBasedFusionPass
 from tvm_ascendfuse.report import CAP_HIT, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, FusionReport
 
 PASS = "CostBasedFusionPass"
-
-
-def build(shapes, body):
-    bb = relax.BlockBuilder()
-    xs = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", xs):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *xs))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def refusals(report, reason):

@@ -1,7 +1,5 @@
 """The grouping pass inside the ascendfuse pipeline on small workloads: numbers, launches, traffic table."""
 
-import numpy as np
-import pytest
 
 from tests.helpers import assert_same_numbers, kernel_count
 from tvm_ascendfuse.frontend import import_onnx

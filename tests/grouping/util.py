@@ -12,6 +12,17 @@ from tvm_ascendfuse.grouping.grouping import CostBasedFusionPass
 from tvm_ascendfuse.report import FusionReport
 
 
+def build(shapes, body):
+    """A ``main`` over float32 inputs of ``shapes`` whose output is ``body(bb, *inputs)``."""
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *xs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def legalize(mod: tvm.IRModule) -> tvm.IRModule:
     """What the grouping pass sees in the pipeline: call_tirs annotated with their op pattern."""
     return tvm.transform.Sequential([

@@ -13,7 +13,7 @@ values stay bounded (tanh/sigmoid/norms before exp, division only by 1 + sigmoid
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -206,7 +205,6 @@ def raising_user_pattern():
 
 
 def _double_relu_mod():
-    import tvm
     from tvm import relax
 
     x = relax.Var("x", relax.TensorType((4, 8), "float32"))
@@ -250,7 +248,6 @@ def test_table_without_user_pattern_still_compiles(tmp_path):
 
 def test_softmax_row_too_long_for_ub_falls_back():
     """softmax(x * s) over a 96 Ki-element row: one fp32 row alone is 384 KiB > 184 KiB of UB."""
-    import tvm
     from tvm import relax
 
     from tests.helpers import assert_same_numbers

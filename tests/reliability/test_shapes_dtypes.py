@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax, tirx
 
 from tests.helpers import compile_ours, run_reference, run_vm, tol

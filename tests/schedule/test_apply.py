@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import tvm
-from tvm import relax, tirx
 from tvm.relax import op
 
 from tvm_ascendfuse.report import FusionReport

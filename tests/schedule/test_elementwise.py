@@ -1,6 +1,5 @@
 """ElementwiseRule: injective chains tiled through local.UB, against the unscheduled kernel."""
 
-import numpy as np
 import pytest
 from tvm import relax, tirx
 from tvm.relax import op

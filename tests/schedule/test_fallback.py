@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-from tvm import tirx
 from tvm.relax import op
 from tvm.script import tirx as T
 

@@ -1,8 +1,7 @@
 """ReductionRule: row reductions with prologue/epilogue, against the unscheduled kernel."""
 
-import numpy as np
 import pytest
-from tvm import relax, tirx
+from tvm import tirx
 from tvm.relax import op
 
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage

@@ -1,7 +1,5 @@
 """A MetaSchedule record for a kernel in schedules/<target>/ wins over the built-in rule for that kernel."""
 
-import numpy as np
-import tvm
 from tvm import relax, s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 

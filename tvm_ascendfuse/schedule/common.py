@@ -69,6 +69,14 @@ def writes_as_many(sch: s_tir.Schedule, block, shape) -> bool:
     return want is not None and all(count(w.source.ty.shape) == want for w in sch.get(block).writes)
 
 
+def accumulating_store(stmt):
+    """The ``C[...] = C[...] + ...`` store of a reduction block with an init, else None (GEMM/conv matchers)."""
+    body = stmt.body
+    if stmt.init is None or not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
+        return None
+    return body
+
+
 def selects_by_index(sch: s_tir.Schedule, block) -> bool:
     """Does ``block`` choose between sources by its own indices (a concatenate, possibly inlined into a
     slice)? Such a block reads a producer tile only in one branch, and reverse_compute_at derives its

@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, ok, root_blocks, tile_local, try_
+from .common import accumulating_store, extent, ok, root_blocks, tile_local, try_
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
@@ -44,8 +44,8 @@ class ConvBlock:
 
 def match_conv2d(sch: s_tir.Schedule, block) -> ConvBlock | None:
     stmt = sch.get(block)
-    body = stmt.body
-    if stmt.init is None or not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
+    body = accumulating_store(stmt)
+    if body is None:
         return None
     iters = [iv.var for iv in stmt.iter_vars]
     kinds = [iv.iter_type for iv in stmt.iter_vars]

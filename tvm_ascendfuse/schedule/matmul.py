@@ -27,7 +27,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, ok, root_blocks, tile_local, try_
+from .common import accumulating_store, extent, ok, root_blocks, tile_local, try_
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
@@ -76,8 +76,8 @@ class GemmBlock:
 def match_gemm(sch: s_tir.Schedule, block) -> GemmBlock | None:
     """GemmBlock for a C += A*B block with trivially bound loops, else None."""
     stmt = sch.get(block)
-    body = stmt.body
-    if stmt.init is None or not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
+    body = accumulating_store(stmt)
+    if body is None:
         return None
     iters = [iv.var for iv in stmt.iter_vars]
     kinds = [iv.iter_type for iv in stmt.iter_vars]
@@ -131,9 +131,9 @@ def _classify(stmt, iters, kinds, cv, xa, ya):
         return None
     # B is the operand with a single free axis (the weight); A may carry several (batch x seq).
     if len(m_y) == 1:
-        (a, av, m), (b, bv, n) = (x, xv, m_x), (y, yv, m_y[0])
+        (a, _, m), (b, bv, n) = (x, xv, m_x), (y, yv, m_y[0])
     elif len(m_x) == 1:
-        (a, av, m), (b, bv, n) = (y, yv, m_y), (x, xv, m_x[0])
+        (a, _, m), (b, bv, n) = (y, yv, m_y), (x, xv, m_x[0])
     else:
         return None
     if sorted(m) != list(range(min(m), min(m) + len(m))):
