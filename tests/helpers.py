@@ -44,16 +44,18 @@ def run_reference(mod: tvm.IRModule, inputs, func: str = "main"):
     return run_vm(ex, inputs, func)
 
 
-def compile_ours(mod: tvm.IRModule, target="ascend910b", switches=None, portable=True):
+def compile_ours(mod: tvm.IRModule, target="ascend910b", switches=None, portable=True, traffic_baseline=False):
     """Our pipeline; portable host code keeps tests independent of the machine's CPU."""
-    return af.compile_model(mod, target=target, switches=switches, portable=portable)
+    return af.compile_model(mod, target=target, switches=switches, portable=portable,
+                            traffic_baseline=traffic_baseline)
 
 
-def assert_same_numbers(mod: tvm.IRModule, seed: int = 0, switches=None, target="ascend910b"):
+def assert_same_numbers(mod: tvm.IRModule, seed: int = 0, switches=None, target="ascend910b",
+                        traffic_baseline=False):
     """Compile ``mod`` with our pipeline and TVM's default; outputs must agree within dtype tolerance.
     Returns the CompileResult so callers can check kernels and the report."""
     inputs = random_inputs(mod, seed)
-    result = compile_ours(mod, target=target, switches=switches)
+    result = compile_ours(mod, target=target, switches=switches, traffic_baseline=traffic_baseline)
     ours, ref = run_vm(result.executable, inputs), run_reference(mod, inputs)
     dtype = str(mod["main"].params[0].ty.dtype)
     if isinstance(ref, list):

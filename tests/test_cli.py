@@ -33,6 +33,9 @@ def test_compile_writes_library_ir_and_report(small_model, tmp_path, capsys):
     report = json.loads((out / "fusion_result.json").read_text())
     assert report["graph_fusion"]["ConvBatchnormFusionPass"]["effect_times"] == 1
     assert report["summary"]["kernels_after"] == 1 and report["summary"]["ops_before"] >= 3
+    traffic = report["traffic"]   # the CLI is the report tool: full table, TVM default row included
+    assert traffic["tvm_default"]["launches"] > traffic["ours"]["launches"] == 1
+    assert traffic["lower_bound"]["gm_bytes"] > 0
     assert "R.call_tir" in (out / "cbr.fused.py").read_text()
 
     x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype("float32")
@@ -54,6 +57,13 @@ def test_switch_file_turns_pass_off(small_model, tmp_path):
     rec = json.loads((out / "fusion_result.json").read_text())["graph_fusion"]["ConvBatchnormFusionPass"]
     assert rec["match_times"] == 1 and rec["effect_times"] == 0
     assert rec["not_effective"][0]["reason"] == "switched_off"
+
+
+def test_no_traffic_baseline_flag(small_model, tmp_path):
+    out = tmp_path / "out"
+    assert main(["compile", str(small_model), "-o", str(out), "--portable", "--no-traffic-baseline"]) == 0
+    traffic = json.loads((out / "fusion_result.json").read_text())["traffic"]
+    assert "tvm_default" not in traffic and traffic["ours"]["launches"] == 1
 
 
 def _run_cli(*args, cwd=None):

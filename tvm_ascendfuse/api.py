@@ -22,10 +22,12 @@ class CompileResult:
 
 
 def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", switches=None,
-                  portable: bool = False) -> CompileResult:
+                  portable: bool = False, traffic_baseline: bool = False) -> CompileResult:
+    """``traffic_baseline=True`` also fills the TVM-default and lower-bound rows of the report's traffic table
+    (report-only; it re-runs TVM's default fusion on the model, seconds on ResNet-50)."""
     npu = get_target(target)
     host = npu.host_target(portable=portable)
-    pipeline = AscendFusePipeline(npu, switches)
+    pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline)
     ex = tvm.compile(mod, target=host, relax_pipeline=pipeline)
     snaps = pipeline.snapshots
     return CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)

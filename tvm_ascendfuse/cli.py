@@ -1,6 +1,7 @@
 """``ascendfuse``: compile an ONNX model with the fusion pipeline and write library + report.
 
     ascendfuse compile MODEL.onnx [--target ascend910b|FILE] [--fusion-switch FILE] [-o OUTDIR] [--portable]
+                                   [--no-traffic-baseline]
     ascendfuse patterns            list switchable passes and pattern names
     ascendfuse report FILE         print the summary of a fusion_result.json
     ascendfuse workload NAME -o F  write one of the built-in example models as ONNX
@@ -76,7 +77,8 @@ def cmd_compile(args) -> int:
     mod = import_onnx(model_path)
     ops_before = relax_op_count(mod)
     t0 = time.perf_counter()
-    result = compile_model(mod, target=target, switches=switches, portable=args.portable)
+    result = compile_model(mod, target=target, switches=switches, portable=args.portable,
+                           traffic_baseline=not args.no_traffic_baseline)
     seconds = time.perf_counter() - t0
     report = result.report
     report.sections["summary"] = {
@@ -160,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fusion-switch", help="CANN fusion switch file (JSON or PassName:on|off lines)")
     c.add_argument("-o", "--output", default="ascendfuse_out", help="output directory")
     c.add_argument("--portable", action="store_true", help="generic x86-64 code instead of this CPU's features")
+    c.add_argument("--no-traffic-baseline", action="store_true",
+                   help="skip the TVM-default rows of the traffic table (faster compile of large models)")
     c.set_defaults(func=cmd_compile)
     sub.add_parser("patterns", help="list passes, patterns and their switch names").set_defaults(func=cmd_patterns)
     r = sub.add_parser("report", help="print the summary of a fusion_result.json")

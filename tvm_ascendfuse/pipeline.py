@@ -24,6 +24,12 @@ from .switches import resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
 
 
+def traffic_baseline_phase(target, report, tvm_target):
+    """Phase 0 (opt-in, report-only): what TVM's default fusion would launch and move, and the compulsory
+    bytes, counted on the module as it enters the pipeline."""
+    return [TrafficBaseline(target, report, tvm_target)]
+
+
 def graph_fusion_phase(target, switches, report):
     """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
     passes = [relax.transform.DeadCodeElimination()]
@@ -41,7 +47,6 @@ def ub_fusion_phase(target, switches, report, tvm_target):
         report.touch(COST_BASED_FUSION)
         grouping = relax.transform.FuseOps()
     return [
-        TrafficBaseline(target, report, tvm_target),
         PatternFusionPass(target, report, switches),
         *cpu.library_dispatch_passes(tvm_target),
         relax.transform.LegalizeOps(),
@@ -87,12 +92,16 @@ class RecordKernels(PyPass):
 
 
 class AscendFusePipeline(PyPass):
-    """The whole pipeline as one pass; ``.report`` holds what it did after it ran."""
+    """The whole pipeline as one pass; ``.report`` holds what it did after it ran.
+
+    ``traffic_baseline=True`` adds the TVM-default rows of the report's traffic table (a second legalization
+    and fusion of the model: report-only, off by default so that compiling stays fast)."""
 
     def __init__(self, target: AscendTarget | str | None = None, switches=None,
-                 report: FusionReport | None = None):
+                 report: FusionReport | None = None, traffic_baseline: bool = False):
         self._target_spec = target
         self._switch_spec = switches
+        self.traffic_baseline = traffic_baseline
         self.report = report if report is not None else FusionReport()
         self.snapshots: dict[str, tvm.IRModule] = {}   # module after each phase, for reports and debugging
 
@@ -113,7 +122,9 @@ class AscendFusePipeline(PyPass):
 
     def phases(self, target, switches, tvm_target):
         r = self.report
-        return [
+        baseline = [("traffic_baseline", traffic_baseline_phase(target, r, tvm_target))] \
+            if self.traffic_baseline else []
+        return baseline + [
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
             ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target)),
             ("schedule", schedule_phase(target, r, tvm_target)),
@@ -130,8 +141,8 @@ class AscendFusePipeline(PyPass):
         return mod
 
 
-def ascendfuse_pipeline(target=None, switches=None, report=None) -> AscendFusePipeline:
-    return AscendFusePipeline(target, switches, report)
+def ascendfuse_pipeline(target=None, switches=None, report=None, traffic_baseline=False) -> AscendFusePipeline:
+    return AscendFusePipeline(target, switches, report, traffic_baseline)
 
 
 if "ascendfuse" not in relax.pipeline.PIPELINE_MAP:

@@ -21,7 +21,7 @@ SMALL = {
 
 @pytest.mark.parametrize("name", list(SMALL))
 def test_every_group_modeled_no_slower_than_its_parts(name):
-    report = compile_ours(import_onnx(SMALL[name]())).report
+    report = compile_ours(import_onnx(SMALL[name]()), traffic_baseline=True).report
     rows = report.sections["grouping"]["groups"]
     assert rows, "the grouping pass formed no group: nothing was checked"
     for r in rows:

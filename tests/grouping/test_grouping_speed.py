@@ -22,7 +22,7 @@ def _legalized(model):
         mod = tvm.transform.Sequential(graph_fusion_phase(npu, switches, report))(import_onnx(model))
         phase = ub_fusion_phase(npu, switches, report, host)
         # everything of the phase before the grouping pass: patterns, dispatch, legalize, annotate, fold
-        upto = [p for p in phase[1:] if p.info.name != "CostBasedFusionPass"]
+        upto = [p for p in phase if p.info.name != "CostBasedFusionPass"]
         upto = upto[: next(i for i, p in enumerate(upto) if p.info.name == "AscendFuseTIR")]
         return tvm.transform.Sequential(upto)(mod), npu
 
