@@ -21,12 +21,13 @@ from .fallback import FallbackRule
 from .fast_math import use_fast_math
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
+from .pool import PoolRule
 from .reduction import GemmNormRule, ReductionRule
 from .tuned import TunedRecordRule, open_database, records_dir
 
 # Most specific first. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (AttentionRule, MultiGemmRule, MatmulRule, Conv2dRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+DEFAULT_RULES = (AttentionRule, MultiGemmRule, MatmulRule, Conv2dRule, PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
 def default_rules(target: AscendTarget) -> list:

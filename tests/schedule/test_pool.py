@@ -1,0 +1,128 @@
+"""PoolRule: max/avg/global-mean pooling alone and as the tail of a conv kernel (ResNet's stem conv + max-pool,
+last conv + residual + global mean) compute what the unscheduled kernel computes (odd sizes, fp32/fp16);
+staged tiles fit UB on both presets; row reductions and instance-norm-like kernels are declined; in the
+pipeline a conv + max-pool kernel gets this rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import relax
+from tvm.relax import op
+
+from tests.helpers import assert_same_numbers
+from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
+from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.pool import PoolRule, choose_pool_tile, match_pool
+from tvm_ascendfuse.target import get_target
+
+NPU = get_target("ascend910b")
+
+
+def _flat(x):
+    """Flatten a pooled NCHW [1, C, 1, 1] to [1, C] (reshape needs its input's type: normalise first)."""
+    return op.reshape(relax.BlockBuilder.current().normalize(x), (1, -1))
+
+
+def max_pool(x):
+    return op.nn.max_pool2d(x, pool_size=3, strides=2, padding=[1] * 4)
+
+
+def stem(x, w, b):
+    """ResNet stem: conv 7x7/2 + bias + ReLU + max-pool 3x3/2 in one kernel."""
+    return max_pool(op.nn.relu(op.add(op.nn.conv2d(x, w, strides=2, padding=[3] * 4), b)))
+
+
+def head(x, w, b, r):
+    """Last bottleneck conv 1x1 + bias + residual + ReLU + global average pool + flatten."""
+    y = op.nn.relu(op.add(op.add(op.nn.conv2d(x, w), b), r))
+    return _flat(op.mean(y, axis=[2, 3], keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(1, 16, 17, 17), (2, 5, 9, 14), (1, 3, 4, 5)])
+def test_max_pool_alone(shape, dtype):
+    mod = check_rule(PoolRule(), fused_kernel(max_pool, [shape], dtype), host=NATIVE)
+    assert "local.UB" in mod.script()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_avg_pool_with_divide_epilogue(dtype):
+    build = lambda x: op.nn.avg_pool2d(x, pool_size=2, strides=2)   # noqa: E731 - sum + divide
+    check_rule(PoolRule(), fused_kernel(build, [(1, 7, 11, 10)], dtype), host=NATIVE)
+
+
+def test_global_mean_and_flatten():
+    build = lambda x: _flat(op.mean(x, axis=[2, 3], keepdims=True))   # noqa: E731
+    check_rule(PoolRule(), fused_kernel(build, [(1, 37, 7, 7)]), host=NATIVE)
+
+
+def test_portable_host():
+    check_rule(PoolRule(), fused_kernel(max_pool, [(1, 8, 13, 13)]), host=HOST)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_conv_then_max_pool(dtype):
+    func = fused_kernel(stem, [(1, 3, 30, 26), (16, 3, 7, 7), (1, 16, 1, 1)], dtype)
+    mod = check_rule(PoolRule(), func, host=NATIVE)
+    text = mod.script()
+    assert "ConvTiles" in text and "pool tile" in text     # the conv part got the conv rule's schedule
+
+
+def test_conv_residual_then_global_mean():
+    func = fused_kernel(head, [(1, 16, 7, 7), (48, 16, 1, 1), (1, 48, 1, 1), (1, 48, 7, 7)])
+    mod = check_rule(PoolRule(), func, host=NATIVE)
+    assert "ConvTiles" in mod.script()
+
+
+def test_declines_what_is_not_pooling():
+    row_mean = fused_kernel(lambda x: op.mean(x, axis=[-1], keepdims=True), [(4, 6, 5, 33)])
+    channel_sum = fused_kernel(lambda x: op.sum(x, axis=[1], keepdims=True), [(1, 8, 5, 5)])
+    inst_norm = fused_kernel(lambda x: op.variance(x, axis=[2, 3], keepdims=True), [(1, 8, 5, 5)])
+    mm = fused_kernel(lambda a, b: op.matmul(a, b), [(8, 8), (8, 8)])
+    for func in (row_mean, channel_sum, inst_norm, mm):
+        assert PoolRule().apply(func, NPU, NATIVE) is None
+
+
+@pytest.mark.parametrize("preset", ["ascend910b", "ascend310p"])
+@pytest.mark.parametrize("case", ["pool", "stem", "head"])
+def test_ub_bytes_within_capacity(preset, case):
+    target = get_target(preset)
+    funcs = {"pool": fused_kernel(max_pool, [(1, 64, 112, 112)]),     # ResNet's pool size: tiles must shrink
+             "stem": fused_kernel(stem, [(1, 3, 30, 30), (16, 3, 7, 7), (1, 16, 1, 1)]),
+             "head": fused_kernel(head, [(1, 16, 7, 7), (48, 16, 1, 1), (1, 48, 1, 1), (1, 48, 7, 7)])}
+    usage = kernel_usage("k", PoolRule().apply(funcs[case], target, NATIVE).mod["main"], target)
+    assert 0 < usage.bytes("local.UB") <= target.capacity("local.UB")
+
+
+def test_tile_sizes_from_ub_and_cores():
+    import tvm
+
+    func = fused_kernel(max_pool, [(1, 64, 112, 112)])
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    pool = next(p for p in (match_pool(sch, b) for b in sch.get_child_blocks(sch.get_sblock("root"))) if p)
+    cb, rb = choose_pool_tile(64, 56, 56, pool, 4, NPU, cores=2)
+    assert 64 % cb == 0 and 56 % rb == 0 and (64 // cb) * (56 // rb) >= 8
+    small = get_target("ascend910b", ub_bytes=24 * 1024, ub_reserved_bytes=0)
+    cb2, rb2 = choose_pool_tile(64, 56, 56, pool, 4, small, cores=2)
+    assert cb2 * rb2 < cb * rb                       # a smaller UB gives a smaller tile
+
+
+def test_pipeline_uses_pool_rule_for_conv_max_pool():
+    """Conv + BN + ReLU + MaxPool through the whole pipeline: one kernel, scheduled by this rule, same numbers."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 20, 20), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((8, 3, 3, 3)).astype("float32"))
+            y = bb.emit(op.nn.conv2d(x, w, strides=2, padding=[1] * 4))
+            y = bb.emit(op.add(y, relax.const(rng.standard_normal((1, 8, 1, 1)).astype("float32"))))
+            y = bb.emit(op.nn.relu(y))
+            out = bb.emit_output(max_pool(y))
+        bb.emit_func_output(out)
+    res = assert_same_numbers(bb.get())
+    rules = {row["rule"] for row in res.report.kernels if "max_pool" in row["name"]}
+    assert rules == {"pool"}, res.report.kernels
