@@ -21,6 +21,7 @@ from .fallback import FallbackRule
 from .fast_math import use_fast_math
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
+from .prepack import FoldConstantCopies
 from .pool import PoolRule
 from .reduction import GemmNormRule, ReductionRule
 from .tuned import TunedRecordRule, open_database, records_dir
@@ -134,6 +135,7 @@ class ScheduleKernels(PyPass):
         mod = ApplyUBSchedules(self.target, self.report, self.host, self.rules)(mod)
         try:
             mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+            mod = FoldConstantCopies()(mod)     # packs with numpy; FoldConstant builds what it declines
             mod = relax.transform.FoldConstant()(mod)
         except Exception as err:  # noqa: BLE001
             # TVM's split aborts on a module holding a PrimFunc without compute blocks (the shape_func of an
