@@ -28,7 +28,16 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .common import buffer_bytes, extent, num_cores, ok, root_blocks, tile_local, try_, vector_lanes
+from .common import (
+    buffer_bytes,
+    extent,
+    num_cores,
+    ok,
+    root_blocks,
+    tile_local,
+    try_,
+    vector_lanes,
+)
 from .conv import Conv2dRule, match_conv2d
 from .hostvec import host_vector
 from .matmul import _LOAD, _has_reduce, _strip_cast, _vectorize_inner, parallel_vector
