@@ -5,6 +5,8 @@
     ascendfuse patterns            list switchable passes and pattern names
     ascendfuse report FILE         print the summary of a fusion_result.json
     ascendfuse workload NAME -o F  write one of the built-in example models as ONNX
+    ascendfuse tune MODEL.onnx [--target T] --trials N [--kernels NAME,...] -o DIR
+                                   tune the kernels' tile choices (MetaSchedule); DIR/<target>/ holds the records
 
 Errors a user can fix print as one line and exit with code 2.
 """
@@ -152,6 +154,20 @@ def cmd_workload(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from .tune import check_trials, tune_model
+
+    check_trials(args.trials)
+    model = Path(args.model)
+    _check_writable(Path(args.output))
+    names = [n.strip() for n in args.kernels.split(",") if n.strip()] if args.kernels else None
+    summary = tune_model(model, target=args.target, trials=args.trials, output=args.output, kernels=names,
+                         portable=args.portable, log=print)
+    print(summary.table())
+    print(f"\nwrote {summary.database}; compile with ASCENDFUSE_SCHEDULES={args.output} to use it")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ascendfuse", description=__doc__.split("\n")[0])
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
@@ -173,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("name")
     w.add_argument("-o", "--output", required=True)
     w.set_defaults(func=cmd_workload)
+    t = sub.add_parser("tune", help="search the kernels' tile choices with MetaSchedule, write a schedule database")
+    t.add_argument("model", help="ONNX model file")
+    t.add_argument("--target", default="ascend910b", help="preset (ascend910b, ascend310p) or .json/.toml file")
+    t.add_argument("--trials", type=int, required=True, help="measured candidates per kernel")
+    t.add_argument("--kernels", help="comma-separated kernel names (default: every tunable kernel)")
+    t.add_argument("-o", "--output", default="schedules", help="database folder (records go to OUTPUT/<target>/)")
+    t.add_argument("--portable", action="store_true", help="tune generic x86-64 code (as compile --portable)")
+    t.set_defaults(func=cmd_tune)
     return p
 
 

@@ -210,10 +210,21 @@ def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: Ascend
     if m_ext is not None:
         mr = min(mr, m_ext)
     uk = 4 if k_ext is None or k_ext % 4 == 0 else (2 if k_ext % 2 == 0 else 1)
+    return GemmTiles(mr, vl, nvec, uk, _k_chunk(mr, nvec * vl, uk, k_ext, dtype, target))
+
+
+def _ub_bytes(mr: int, nr: int, dtype: str, target: AscendTarget) -> tuple[int, int, int]:
+    """(accumulator bytes, A row + B row bytes per k step, copies): the UB model of one register block."""
     nbytes = tvm.DataType(dtype).bits // 8
     copies = 2 if target.double_buffer else 1
-    acc_bytes = target.align_up(mr * nvec * vl * nbytes)
-    per_k = target.align_up(mr * nbytes) + target.align_up(nvec * vl * nbytes)  # A row + B row per k step
+    acc_bytes = target.align_up(mr * nr * nbytes)
+    per_k = target.align_up(mr * nbytes) + target.align_up(nr * nbytes)
+    return acc_bytes, per_k, copies
+
+
+def _k_chunk(mr: int, nr: int, uk: int, k_ext, dtype: str, target: AscendTarget) -> int:
+    """K chunk: as many k steps of the double-buffered A and B panels as fit beside the accumulator."""
+    acc_bytes, per_k, copies = _ub_bytes(mr, nr, dtype, target)
     kc = max(uk, ((target.ub_usable - acc_bytes) // copies // per_k) // uk * uk)
     if k_ext is not None and k_ext > kc:
         # equal chunks, so no chunk has a predicated tail inside the unrolled micro-kernel
@@ -223,7 +234,36 @@ def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: Ascend
         kc = k_ext // chunks
     elif k_ext is not None:
         kc = k_ext
-    return GemmTiles(mr, vl, nvec, uk, kc)
+    return kc
+
+
+def fits_ub(t: GemmTiles, dtype: str, target: AscendTarget) -> bool:
+    """The rule's capacity check: accumulator plus double-buffered A/B panels of one K chunk within usable UB."""
+    acc_bytes, per_k, copies = _ub_bytes(t.mr, t.nr, dtype, target)
+    return acc_bytes + copies * per_k * t.kc <= target.ub_usable
+
+
+# Register-block rows a tuner may try (the default's rows are always added).
+_MR_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def tile_candidates(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: AscendTarget) -> list[GemmTiles]:
+    """Register blocks a tuner may choose from: the default first, then every mr x nvec block that keeps its
+    accumulators in the host's vector registers, does not exceed the problem, and fits usable UB."""
+    default = choose_tiles(m_ext, n_ext, k_ext, dtype, hv, target)
+    vl, uk = default.vl, default.uk
+    n_vecs = -(-n_ext // vl) if n_ext is not None else 8
+    out = [default]
+    for mr in sorted(set(_MR_CHOICES) | {default.mr}):
+        if m_ext is not None and (mr > m_ext or m_ext % mr and mr != default.mr):
+            continue                              # padded M tails only where the default pads them too
+        for nvec in range(1, min(max(8, default.nvec), n_vecs) + 1):
+            if mr * nvec > max(hv.accumulators, default.mr * default.nvec):
+                continue
+            t = GemmTiles(mr, vl, nvec, uk, _k_chunk(mr, nvec * vl, uk, k_ext, dtype, target))
+            if t not in out and fits_ub(t, dtype, target):
+                out.append(t)
+    return out
 
 
 class MatmulRule(ScheduleRule):
@@ -231,14 +271,20 @@ class MatmulRule(ScheduleRule):
 
     name = "matmul"
 
-    def __init__(self, prepack: bool = True, stage_a: bool = False):
+    def __init__(self, prepack: bool = True, stage_a: bool = False, tiles=None):
+        """``tiles(sch, default, candidates)``, when given, picks the GemmTiles to use (a tuner samples one of
+        ``candidates()``, see ``tunable.py``); without it the rule uses ``choose_tiles``."""
         self.prepack = prepack
         self.stage_a = stage_a
+        self.tiles = tiles
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
+        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         try:
             found = find_gemm(sch)
         except _ERRORS:
@@ -251,7 +297,7 @@ class MatmulRule(ScheduleRule):
         try:
             return self._schedule(sch, blocks, gi, info, target, host_vector(host))
         except _ERRORS:
-            _LOG.debug("MatmulRule declined %s", func.attrs, exc_info=True)
+            _LOG.debug("MatmulRule declined %s", sch.mod["main"].attrs, exc_info=True)
             return None
 
     # ------------------------------------------------------------------------------------------------
@@ -266,13 +312,12 @@ class MatmulRule(ScheduleRule):
         ext = lambda p: extent(sch, loops[p])  # noqa: E731
         c_dtype = str(info.c_buf.ty.dtype)
         m_ext, n_ext = ext(info.m[-1]), ext(info.n)
-        t = choose_tiles(m_ext, n_ext, ext(info.k), c_dtype, hv, _target(target))
+        npu = _target(target)
+        t = choose_tiles(m_ext, n_ext, ext(info.k), c_dtype, hv, npu)
+        if self.tiles is not None:
+            t = self.tiles(sch, t, lambda: tile_candidates(m_ext, n_ext, ext(info.k), c_dtype, hv, npu))
         pad_m = m_ext is None or m_ext % t.mr != 0
         pad_n = n_ext is None or n_ext % t.nr != 0
-        packed = False
-        if self.prepack and not pad_n and packable_param(sch, info.b_buf) is not None:
-            mark_prepack(sch, mm, info.b_read, _pack_map(info, t.nr, len(info.b_buf.ty.shape)))
-            packed = True
         before = {sch.get(b).name_hint for b in root_blocks(sch)}
         if pad_m or pad_n:
             # tails become whole register blocks over zero-padded operands: every tile (and so every UB
@@ -285,6 +330,13 @@ class MatmulRule(ScheduleRule):
         names = [sch.get(b).name_hint for b in blocks]
         gi = names.index(mm_name)
         pads = [b for b, nm in zip(blocks[:gi], names[:gi]) if nm not in before]
+        packed = False
+        if self.prepack and not pad_n and packable_param(sch, info.b_buf) is not None:
+            # after padding: pad_einsum needs plain indices, so a packed weight read would stop an M tail
+            # from being padded (the rule then declined every M % mr != 0 GEMM with a constant weight)
+            b_read = next(i for i, r in enumerate(sch.get(mm).reads) if r.source.same_as(info.b_buf))
+            mark_prepack(sch, mm, b_read, _pack_map(info, t.nr, len(info.b_buf.ty.shape)))
+            packed = True
         for b in pads:
             parallel_vector(sch, b, hv.lanes(str(info.a_buf.ty.dtype)))
         loops = sch.get_loops(mm)

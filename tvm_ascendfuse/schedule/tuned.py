@@ -20,9 +20,10 @@ WORKLOADS_FILE = "database_workload.json"
 RECORDS_FILE = "database_tuning_record.json"
 
 
-# Attributes that say how a kernel is compiled, not what it computes; a workload keeps none of the others
-# (TVM's layout-free marking and our scheduled flag would otherwise make every lookup miss).
-_WORKLOAD_ATTRS = ("tirx.noalias",)
+# Attributes a workload keeps; the others (names, our scheduled flag) would make every lookup miss. TVM's
+# layout-free marking stays: it decides whether a rule packs a constant weight at compile time, so a record
+# tuned with packing must not be used for a kernel whose weight arrives at run time, and vice versa.
+_WORKLOAD_ATTRS = ("tirx.noalias", "layout_free_buffers")
 
 
 def workload_module(func) -> tvm.IRModule:

@@ -1,0 +1,112 @@
+"""The tunable Matmul space: the default is in it, every point fits UB and computes the kernel exactly, and a
+sampled decision replays to the same schedule (what a database record does)."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import s_tir
+
+from tvm_ascendfuse.analysis.verify_ub import VerifyUBCapacity
+from tvm_ascendfuse.errors import AscendFuseError
+from tvm_ascendfuse.frontend import import_onnx
+from tvm_ascendfuse.schedule.hostvec import HostVector
+from tvm_ascendfuse.schedule.matmul import MatmulRule, choose_tiles, fits_ub, tile_candidates
+from tvm_ascendfuse.schedule.tunable import (
+    LeastDrawnTiles,
+    apply_tunable,
+    candidate_schedules,
+    space_generator,
+    ub_fits,
+)
+from tvm_ascendfuse.target import get_target, make_target
+from tvm_ascendfuse.tune import build_candidate, extract_kernels
+from tvm_ascendfuse.workloads import mlp3
+
+NPU = get_target("ascend910b")
+HOST = NPU.host_target(portable=True)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The one kernel of Linear(40->40)+bias+ReLU on 12 rows: tails of M and N exercise padding."""
+    (k,) = extract_kernels(import_onnx(mlp3(rows=12, width=40, depth=1)), NPU, HOST)
+    assert k.rule == "matmul" and k.tunable
+    return k
+
+
+@pytest.fixture(scope="module")
+def points(kernel):
+    return candidate_schedules(kernel.workload, "matmul", NPU, HOST)
+
+
+def test_space_holds_the_default_first(kernel, points):
+    default = MatmulRule().apply(kernel.workload["main"], NPU, HOST)
+    assert tvm_ffi.structural_equal(points[0][1].mod, default.mod)
+    tiles = [t for t, _ in points]
+    assert len(points) >= 4 and len(set(tiles)) == len(tiles)
+    assert len({tvm_ffi.structural_hash(s.mod) for _, s in points}) == len(points)   # distinct schedules
+
+
+def _run(mod, inputs):
+    mod = tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")})
+    args = [tvm.runtime.tensor(x) for x in inputs]
+    tvm.compile(mod, target=HOST)["main"](*args)
+    return args[-1].numpy()
+
+
+def test_every_point_fits_ub_and_matches_the_unscheduled_kernel(kernel, points):
+    func = kernel.workload["main"]
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in func.params]
+    expected = _run(kernel.workload, inputs)
+    for tiles, sch in points:
+        assert ub_fits(sch.mod["main"], NPU), tiles
+        VerifyUBCapacity(NPU)(sch.mod)                          # raises UBCapacityError on overflow
+        assert "local.UB" in sch.mod.script()
+        np.testing.assert_allclose(_run(sch.mod, inputs), expected, rtol=1e-5, atol=1e-5, err_msg=str(tiles))
+
+
+def test_candidates_respect_the_ub_of_the_target():
+    hv = HostVector(512, 32, 2)                                   # AVX-512: 16 accumulator registers
+    big = tile_candidates(256, 1024, 1024, "float32", hv, NPU)
+    tiny = make_target("ascend910b", ub_bytes=2048, ub_reserved_bytes=0)
+    small = tile_candidates(256, 1024, 1024, "float32", hv, tiny)
+    assert big[0] == choose_tiles(256, 1024, 1024, "float32", hv, NPU)
+    assert (small[0].mr, small[0].nr) == (big[0].mr, big[0].nr)     # the default block, its K chunk shorter
+    assert all(fits_ub(t, "float32", NPU) for t in big) and all(fits_ub(t, "float32", tiny) for t in small[1:])
+    assert all(t.mr * t.nvec <= hv.accumulators for t in big[1:])
+    assert 1 < len(small) < len(big)
+    assert not fits_ub(max(big, key=lambda t: t.mr * t.nr + t.nr), "float32", tiny)
+
+
+def test_sampled_decision_is_in_the_trace_and_replays(kernel, points):
+    chooser = LeastDrawnTiles()
+    chooser.allowed = {t for t, _ in points}
+    drawn = []
+    for seed in range(4):
+        sch = s_tir.Schedule(kernel.workload, seed=seed + 1)
+        apply_tunable(sch, "matmul", NPU, HOST, chooser)
+        drawn.append(chooser.last)
+        decisions = [d for inst, d in sch.trace.decisions.items() if inst.kind.name == "SampleCategorical"]
+        assert len(decisions) == 1 and chooser.candidates[int(decisions[0])] == chooser.last
+        replay = s_tir.Schedule(kernel.workload)
+        sch.trace.apply_to_schedule(replay, remove_postproc=False)
+        assert tvm_ffi.structural_equal(replay.mod, sch.mod)
+    default = points[0][0]
+    assert drawn[:2] == [default, default]                       # the default is measured first
+    assert len(set(drawn[2:])) == 2 and default not in drawn[2:]  # then the least-drawn others
+
+
+def test_measured_build_names_the_kernel_and_drops_the_packing_block(points):
+    rt = build_candidate(points[0][1].mod, HOST)
+    assert rt["main"] is not None
+
+
+def test_space_generator_makes_a_metaschedule_space(kernel):
+    from tvm.s_tir import meta_schedule as ms
+
+    space = space_generator("matmul", NPU, HOST)
+    assert isinstance(space, ms.space_generator.ScheduleFn)
+    with pytest.raises(AscendFuseError, match="no tunable space"):
+        apply_tunable(s_tir.Schedule(kernel.workload), "conv2d", NPU, HOST, LeastDrawnTiles())

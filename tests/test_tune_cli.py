@@ -1,0 +1,78 @@
+"""``ascendfuse tune``: the database it writes is the one compile then uses, numbers unchanged; bad input is
+one line and exit code 2."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import run_vm
+from tvm_ascendfuse import compile_model
+from tvm_ascendfuse.cli import main
+from tvm_ascendfuse.frontend import import_onnx
+from tvm_ascendfuse.schedule.tuned import RECORDS_FILE, SCHEDULES_ENV, WORKLOADS_FILE
+from tvm_ascendfuse.workloads import mlp3
+
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def linear_model(tmp_path_factory):
+    """Linear(48->48)+bias+ReLU on 20 rows: one kernel, which the Matmul rule schedules."""
+    path = tmp_path_factory.mktemp("model") / "linear.onnx"
+    onnx.save(mlp3(rows=20, width=48, depth=1), str(path))
+    return path
+
+
+def test_tune_writes_the_database_compile_uses(linear_model, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sched"
+    assert main(["tune", str(linear_model), "--target", "ascend910b", "--trials", "2", "-o", str(out),
+                 "--portable"]) == 0
+    printed = capsys.readouterr().out
+    assert "matmul" in printed and "default us" in printed
+    folder = out / "ascend910b"
+    records = [json.loads(line) for line in (folder / RECORDS_FILE).read_text().splitlines() if line.strip()]
+    assert (folder / WORKLOADS_FILE).is_file() and len(records) == 2
+    assert all(r[1][1][0] < 1e9 for r in records)              # every candidate built and ran
+
+    model = onnx.load(str(linear_model))
+    x = np.random.default_rng(0).standard_normal((20, 48)).astype("float32")
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    monkeypatch.setenv(SCHEDULES_ENV, str(out))
+    result = compile_model(import_onnx(model), target="ascend910b", portable=True)
+    assert list(result.report.sections["schedules"].values()) == ["tuned"]
+    np.testing.assert_allclose(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
+
+    monkeypatch.setenv(SCHEDULES_ENV, str(tmp_path / "nothing"))
+    untuned = compile_model(import_onnx(model), target="ascend910b", portable=True)
+    assert list(untuned.report.sections["schedules"].values()) == ["matmul"]
+
+
+@pytest.mark.parametrize("trials", ["0", "-2"])
+def test_bad_trial_count(linear_model, tmp_path, capsys, trials):
+    assert main(["tune", str(linear_model), "--trials", trials, "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--trials must be a positive number" in err and trials in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_kernel_lists_the_valid_ones(linear_model, tmp_path, capsys):
+    assert main(["tune", str(linear_model), "--trials", "2", "--kernels", "no_such_kernel",
+                 "-o", str(tmp_path / "o"), "--portable"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown kernel 'no_such_kernel'" in err and "fused_relax_matmul_relax_add_relax_nn_relu" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_model_without_tunable_kernels(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert main(["tune", str(path), "--trials", "2", "-o", str(tmp_path / "o")]) == 2
+    assert "no kernel of this model uses a tunable rule" in capsys.readouterr().err
