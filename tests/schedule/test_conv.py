@@ -8,7 +8,7 @@ import pytest
 from tvm import tirx
 from tvm.relax import op
 
-from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
+from tests.schedule.kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.conv import Conv2dRule, choose_conv_tiles
 from tvm_ascendfuse.schedule.hostvec import HostVector
@@ -144,3 +144,38 @@ def test_matmul_with_concat_epilogue():
     func = fused_kernel(build, [(8, 16), (16, 32), (8, 8)])
     if MatmulRule().apply(func, get_target("ascend910b"), NATIVE) is not None:
         check_rule(MatmulRule(), func, host=NATIVE)
+
+
+PLANE_CASES = {
+    # small output planes: input-channel chunks outside the pixel loops, accumulator = a block of rows
+    "3x3_7x7": (((1, 32, 7, 7), (128, 32, 3, 3), (1, 128, 1, 1)), 1, 1, False),
+    "3x3_s2_to_7x7": (((1, 32, 13, 13), (128, 32, 3, 3), (1, 128, 1, 1)), 2, 1, False),
+    "1x1_row_blocks": (((1, 64, 6, 6), (64, 64, 1, 1), (1, 64, 1, 1)), 1, 0, False),
+    "1x1_residual": (((1, 64, 7, 7), (128, 64, 1, 1), (1, 128, 1, 1), (1, 128, 7, 7)), 1, 0, True),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANE_CASES))
+def test_small_plane_channel_chunks_are_exact(name):
+    shapes, stride, pad, residual = PLANE_CASES[name]
+
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w, strides=stride, padding=[pad] * 4), b)
+        return op.nn.relu(op.add(y, r[0]) if residual else y)
+
+    func = fused_kernel(build, list(shapes)).with_attr("layout_free_buffers", [1])
+    mod = check_rule(Conv2dRule(), func, host=NATIVE)
+    script = mod.script()
+    assert "rc_0" in script and "yy_0" in script          # chunked reduction, row blocks
+    for preset in ("ascend910b", "ascend310p"):
+        target = get_target(preset)
+        used = kernel_usage("k", Conv2dRule().apply(func, target, NATIVE).mod["main"], target).bytes("local.UB")
+        assert 0 < used <= target.ub_usable // 4     # the accumulator block is sized from the target's UB
+    assert "rc_0" not in Conv2dRule(plane_chunks=False).apply(func, NPU, NATIVE).mod.script()
+
+
+def test_plane_chunks_keep_two_tasks_per_core():
+    """A prime row count with one channel block would leave a single parallel task: not chunked then."""
+    func = fused_kernel(conv_bias_relu(1, 1), [(1, 32, 7, 7), (32, 32, 3, 3), (1, 32, 1, 1)])
+    script = Conv2dRule().apply(func, NPU, NATIVE).mod.script()
+    assert "yy_0" not in script and "T.parallel(T.int64(7))" in script
