@@ -11,7 +11,8 @@ from tests.helpers import run_vm
 from tvm_ascendfuse import compile_model
 from tvm_ascendfuse.cli import main
 from tvm_ascendfuse.frontend import import_onnx
-from tvm_ascendfuse.schedule.tuned import RECORDS_FILE, SCHEDULES_ENV, WORKLOADS_FILE
+from tvm_ascendfuse.schedule.tuned import RECORDS_FILE, SCHEDULES_ENV, WORKLOADS_FILE, open_database
+from tvm_ascendfuse.tune import tile_decision
 from tvm_ascendfuse.workloads import mlp3
 
 ort = pytest.importorskip("onnxruntime")
@@ -35,6 +36,8 @@ def test_tune_writes_the_database_compile_uses(linear_model, tmp_path, capsys, m
     records = [json.loads(line) for line in (folder / RECORDS_FILE).read_text().splitlines() if line.strip()]
     assert (folder / WORKLOADS_FILE).is_file() and len(records) == 2
     assert all(r[1][1][0] < 1e9 for r in records)              # every candidate built and ran
+    decisions = sorted(tile_decision(r) for r in open_database(folder).get_all_tuning_records())
+    assert decisions[0] == 0 and len(set(decisions)) == 2       # the default, re-measured beside the other
 
     model = onnx.load(str(linear_model))
     x = np.random.default_rng(0).standard_normal((20, 48)).astype("float32")
