@@ -27,6 +27,7 @@ class CapacityCheck:
     available_bytes: int
     scope: str = "UB"
     tile_elems: int = 0          # largest tile (elements per buffer) that fits; 0 when nothing fits
+    what: str = ""               # what had to fit, when it is not simply "one tile"
 
 
 def tile_bytes(buffers: list[TileBuffer], tile_elems: int, target: AscendTarget) -> int:
@@ -59,3 +60,19 @@ def l0_check(dtype_bytes: int, target: AscendTarget) -> CapacityCheck:
     if b > target.l0b_bytes:
         return CapacityCheck(False, b, target.l0b_bytes, "L0B")
     return CapacityCheck(True, max(a, b), min(target.l0a_bytes, target.l0b_bytes), "L0")
+
+
+def row_block_check(row_elems: list[int], dtype_bytes: int, rows: int, target: AscendTarget,
+                    what: str = "one row of each row-block buffer", resident: bool = False) -> CapacityCheck:
+    """A kernel that keeps whole rows in UB (a chained GEMM's output rows): one row of every buffer must fit;
+    ``tile_elems`` is then the number of rows per block (largest power of two that fits, at most ``rows``).
+    ``resident``: the buffers are produced and consumed on chip (no DMA to overlap), so not double-buffered."""
+    mult = 2 if target.double_buffer and not resident else 1
+    per_row = mult * sum(target.align_up(n * dtype_bytes) for n in row_elems)
+    avail = target.ub_usable
+    if per_row > avail:
+        return CapacityCheck(False, per_row, avail, "UB", 0, what)
+    m = 1
+    while m * 2 <= max(1, rows) and (m * 2) * per_row <= avail:
+        m *= 2
+    return CapacityCheck(True, m * per_row, avail, "UB", m, what)

@@ -32,6 +32,7 @@ from ..report import CAP_HIT, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, CHECK_FAILED, 
 from ..switches import UB_FUSION, register_switch
 from ..target import AscendTarget, current_target_from_tvm, get_target
 from .capacity import TileBuffer, l0_check, ub_check
+from .chain import Chain, find_chain, row_operand_positions
 from .cost import GroupCost, GroupingConfig, accept, pad_ratio, tiles_for
 
 SWITCH = register_switch(
@@ -60,6 +61,7 @@ class Node:
     out_dtype: int = 4
     cube: bool = False
     row: int = 0                                       # reduction row (elements) of a vector reduction
+    row_operand: tuple = ()                            # arg positions a cube op reads as A[.., i, k]
     locked: int | None = None                          # index of the pattern group it came from
     binding: object | None = None                      # the block binding it stands for (None: inside a pattern)
 
@@ -97,8 +99,12 @@ class _Model:
                 dense = n.traffic.read_bytes[pos] if pos < len(n.traffic.read_bytes) else 0
                 key = a
                 if key in ins:
-                    old = ins[key]
-                    ins[key] = (max(old[0], b), old[1], old[2], max(old[3], dense))
+                    # several members reading one tensor: parts of it (Q/K/V slices of a merged
+                    # projection) add up, whole reads do not; the tensor's size caps the sum
+                    old, full = ins[key], _elems(a) * _dtype(a)
+                    pad = b / dense if dense else 1.0
+                    ins[key] = (min(old[0] + b, max(old[0], b, full * pad)), old[1], old[2],
+                                min(old[3] + dense, max(old[3], dense, full)))
                 else:
                     ins[key] = (b, _elems(a), _dtype(a), dense)
         return ins
@@ -136,7 +142,13 @@ class _Model:
             return None, check
         # tiles cover the largest tensor the group streams (a reduction's input, not its small output)
         out_elems = max([self.nodes[m].out_elems for m in members] + [v[1] for v in ins.values()])
-        if cube:
+        chain = self.chain(members)
+        if isinstance(chain, Chain):
+            # one block of rows per tile; blocks no larger than needed to give every cube core one
+            rows = max(1, min(check.tile_elems, chain.rows // max(1, self.target.cube_cores)))
+            tile = rows * chain.n1
+            out_elems = chain.rows * chain.n1
+        elif cube:
             tile = min(self.cfg.cube_tile_elems, check.tile_elems)
         elif self.resident_row(members):
             row = self.resident_row(members)
@@ -152,7 +164,25 @@ class _Model:
                 if self.nodes[m].row and any(u in mset for u in self.nodes[m].users)]
         return max(rows, default=0)
 
+    def chain(self, members: list[int]) -> Chain | str | None:
+        """The chained GEMM these members form (two cube kernels), a reason they do not, or None (fewer)."""
+        kernels = {("p", self.nodes[m].locked) if self.nodes[m].locked is not None else ("n", m)
+                   for m in members if self.nodes[m].cube}
+        if len(kernels) < 2:
+            return None
+        if not self.cfg.allow_chained_gemm:
+            return "two cube ops in one kernel (chained GEMMs switched off)"
+        return find_chain(self.nodes, members, self.var_node)
+
     def capacity(self, members, outs, ins):
+        chain = self.chain(members)
+        if isinstance(chain, Chain):
+            dt = max(self.nodes[m].out_dtype for m in members)
+            check = chain.capacity(dt, self.target)
+            if check.fits:
+                l0 = l0_check(dt, self.target)
+                return check if l0.fits else l0
+            return check
         bufs = [TileBuffer(v[1], v[2]) for v in ins.values()]
         bufs += [TileBuffer(self.nodes[m].out_elems, self.nodes[m].out_dtype) for m in members]
         row = self.resident_row(members)
@@ -181,9 +211,14 @@ class _Model:
         nodes, mset = self.nodes, set(members)
         cubes = [m for m in members if nodes[m].cube]
         kernels = {("p", nodes[m].locked) if nodes[m].locked is not None else ("n", m) for m in cubes}
+        chain = None
         if len(kernels) > 1:
-            return "two cube ops in one kernel"
+            chain = self.chain(members)
+            if not isinstance(chain, Chain):
+                return chain or "two cube ops in one kernel"
         for c in cubes:
+            if chain is not None and c == chain.second:
+                continue            # its operand is the chain's elementwise epilogue, checked by find_chain
             stack, seen = [p for p in nodes[c].producers if p in mset], set()
             while stack:
                 p = stack.pop()
@@ -416,6 +451,10 @@ class CostBasedFusionPass(PyPass):
             self._cache[key] = count_primfunc(prim, key, bounds)
         n.traffic = self._cache[key]
         n.cube = n.traffic.cube_flops > 0
+        if n.cube:
+            if ("rowop", key) not in self._cache:
+                self._cache[("rowop", key)] = row_operand_positions(prim)
+            n.row_operand = self._cache[("rowop", key)]
         n.row = n.traffic.reduce_row_elems if not n.cube else 0
         shape = _static_shape(var.ty, bounds)
         n.out_dtype = dtype_bytes(var.ty.dtype)
@@ -544,7 +583,7 @@ class CostBasedFusionPass(PyPass):
                 return None, members, {"why": "multi-output groups switched off"}, CHECK_FAILED
             if c is None:
                 return None, members, {"needed_bytes": chk.needed_bytes, "available_bytes": chk.available_bytes,
-                                       "scope": chk.scope}, UB_OVERFLOW
+                                       "scope": chk.scope, **({"what": chk.what} if chk.what else {})}, UB_OVERFLOW
             if len(ins) > cfg.max_params:
                 return None, members, {"cap": "max_params", "params": len(ins), "limit": cfg.max_params}, CAP_HIT
             before = cost_of(a).time_us(target) + cost_of(b).time_us(target)
@@ -794,7 +833,12 @@ class CostBasedFusionPass(PyPass):
         names = [nodes[m].name for m in members]
         pat = self._pattern_of(g, nodes)
         attrs = {"Primitive": True}
-        if pat is not None:
+        pids = sorted({nodes[m].locked for m in members if nodes[m].locked is not None})
+        if len(pids) > 1:
+            # two pattern kernels merged (a chained GEMM): both names, the first pattern for the kernel table
+            name = "_".join(self._patterns[p]["gv"] for p in pids)
+            attrs["Composite"] = pat["name"]
+        elif pat is not None:
             # keep the pattern's kernel name (and its Composite name for the kernel table), plus what joined it
             extra = [nodes[m].name for m in members if nodes[m].locked is None]
             name = pat["gv"] + "_" + "_".join(extra) if extra else pat["gv"] + "_merged"

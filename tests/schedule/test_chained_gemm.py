@@ -1,0 +1,80 @@
+"""ChainedGemmRule: FFN up-projection (+ activation / SwiGLU pair) -> down-projection (+ residual, norm) in one
+kernel, per row block; against the unscheduled kernel, and through the whole pipeline with constant weights."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax import op
+
+from tests.helpers import assert_same_numbers, kernel_count
+from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.chained_gemm import ChainedGemmRule
+from tvm_ascendfuse.target import get_target
+
+from .kernels import NATIVE, check_rule, fused_kernel
+
+
+def ffn_ln(m, k, f):
+    return ([(m, k), (k, f), (f,), (f, k), (k,), (k,), (k,)],
+            lambda x, w1, b1, w2, b2, g, be: op.nn.layer_norm(
+                op.add(op.add(op.matmul(op.nn.gelu(op.add(op.matmul(x, w1), b1)), w2), b2), x), g, be, [-1]))
+
+
+def ffn_relu(m, k, f, n):
+    return ([(m, k), (k, f), (f, n)], lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
+
+
+def swiglu(m, k, f):
+    return ([(1, m, k), (k, f), (k, f), (f, k)],
+            lambda x, wg, wu, wd: op.add(op.matmul(op.multiply(op.nn.silu(op.matmul(x, wg)), op.matmul(x, wu)), wd), x))
+
+
+@pytest.mark.parametrize("shapes_build", [ffn_ln(16, 32, 64), ffn_ln(13, 20, 36), ffn_relu(7, 12, 100, 24),
+                                          swiglu(12, 16, 40), swiglu(9, 24, 56)])
+def test_matches_unscheduled(shapes_build):
+    shapes, build = shapes_build
+    rule = ChainedGemmRule()
+    check_rule(rule, fused_kernel(build, shapes))
+    assert rule.note and "row block" in rule.note
+
+
+def test_avx512_widths():
+    shapes, build = ffn_ln(16, 64, 128)
+    check_rule(ChainedGemmRule(), fused_kernel(build, shapes), host=NATIVE)
+
+
+def test_declines_a_single_gemm_and_independent_gemms():
+    check_rule(ChainedGemmRule(), fused_kernel(lambda x, w: op.nn.relu(op.matmul(x, w)), [(8, 16), (16, 32)]),
+               expect=False)
+    check_rule(ChainedGemmRule(), fused_kernel(lambda x, a, b: op.multiply(op.matmul(x, a), op.matmul(x, b)),
+                                               [(8, 16), (16, 32), (16, 32)]), expect=False)
+
+
+def _ffn_module(rows, k, f, seed=0):
+    """x -> LayerNorm(x + (GELU(x W1 + b1)) W2 + b2), weights as constants (pre-packed by the pipeline)."""
+    rng = np.random.default_rng(seed)
+    c = lambda *s: relax.const((rng.standard_normal(s) * 0.2).astype("float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, rows, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(op.nn.gelu(op.add(op.matmul(x, c(k, f)), c(f))))
+            y = bb.emit(op.add(op.add(op.matmul(h, c(f, k)), c(k)), x))
+            out = bb.emit_output(op.nn.layer_norm(y, c(k), c(k), [-1]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("target", ["ascend910b", "ascend310p"])
+@pytest.mark.parametrize("rows,k,f", [(16, 32, 128), (13, 24, 72)])
+def test_pipeline_one_kernel_within_ub(target, rows, k, f):
+    result = assert_same_numbers(_ffn_module(rows, k, f), target=target)
+    assert kernel_count(result) == 1
+    assert list(result.report.sections["schedules"].values()) == ["chained-matmul"]
+    npu = get_target(target)
+    for gv, func in result.scheduled_module.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "tirx.is_scheduled" in func.attrs:
+            usage = kernel_usage(gv.name_hint, func, npu)
+            ub = sum(a.aligned or 0 for a in usage.allocations if a.scope == "local.UB")
+            assert 0 < ub <= npu.ub_usable, (gv.name_hint, ub)

@@ -1,0 +1,305 @@
+"""ChainedGemmRule: two GEMMs in one kernel, the first one's result (after its bias/activation, or SwiGLU's
+``silu(x·Wg) * (x·Wu)``) being the second one's row operand — the FFN's up- and down-projection.
+
+The kernel walks blocks of ``m`` rows (parallel over the cores). For one row block, the second product's
+reduction axis (the intermediate's columns) is walked one panel of ``PANEL_COLS`` columns at a time:
+
+* the first product(s) compute that panel of the intermediate in ``mr x nr`` register tiles over the input
+  rows, and the activation turns it into the panel, in ``local.UB`` (``m x panel``);
+* the second product multiplies the panel into an ``mr x nr`` register tile (a small ``local.UB`` buffer:
+  ``rfactor`` over the panels makes each panel's product complete), which is added into the ``m x n2``
+  accumulator rows in ``local.UB``;
+* after the last panel, the epilogue (bias, residual; recomputed where read) and, when present, the row
+  norm run on the accumulator rows, and the rows are written out.
+
+The intermediate never exists in GM, nor whole in UB; the weights are read once per row block (pre-packed at
+compile time into the order the tiles read them). ``m`` comes from ``grouping/chain.chain_row_block`` (the
+same UB budget the grouping pass checked), cut to a divisor of the row count and to rows / host cores.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import s_tir, tirx
+
+from ..grouping.chain import PANEL_COLS as PANEL
+from ..grouping.chain import chain_row_block
+from ..target import AscendTarget, get_target
+from .base import UB_SCOPE, ScheduleRule
+from .common import (
+    extent,
+    innermost_vector,
+    is_output_block,
+    num_cores,
+    ok,
+    root_blocks,
+    try_,
+    vector_lanes,
+    vector_width_for,
+)
+from .contraction import _get_realize, _prepack_weight, loops_by_iter, micro_tile
+from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
+from .reduction import is_contraction
+
+ACCUMULATORS = 16     # vector registers for a register block's partial sums (half of AVX-512's 32)
+
+
+def _has_reduce(sch, block) -> bool:
+    return any(iv.iter_type != tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+
+
+def _name(sch, block) -> str:
+    return sch.get(block).name_hint
+
+
+def _closure(sch, start, step) -> set:
+    """Names of the blocks reachable from ``start`` through ``step`` (get_producers / get_consumers)."""
+    seen, stack = set(), [start]
+    while stack:
+        for b in step(stack.pop()):
+            n = _name(sch, b)
+            if n not in seen:
+                seen.add(n)
+                stack.append(b)
+    return seen
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    for d in range(max(1, min(n, cap)), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+class ChainedGemmRule(ScheduleRule):
+    """First product(s) -> elementwise -> second product (+ injective epilogue, + row norm), per row block."""
+
+    name = "chained-matmul"
+
+    def __init__(self):
+        self.note = None
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
+        self.note = None
+        if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) != "float32" for p in func.params):
+            return None              # fp32 only: the register blocks and the UB row budget assume 4 B
+        sch = s_tir.Schedule(func)
+        plan = self._plan(sch)
+        if plan is None:
+            return None
+        target = target if isinstance(target, AscendTarget) else get_target(target)
+        return self._schedule(sch, plan, target, host)
+
+    # ---- recognise ------------------------------------------------------------------------------------------
+    def _plan(self, sch):
+        blocks = list(root_blocks(sch))
+        last = blocks[-1]
+        if _has_reduce(sch, last) and is_output_block(sch, last) and is_contraction(sch, last):
+            sch.cache_write(last, 0, "global")      # the product writes the output: give it a copy-out stage
+            blocks = list(root_blocks(sch))
+        names = [_name(sch, b) for b in blocks]
+        products = [n for b, n in zip(blocks, names) if _has_reduce(sch, b) and is_contraction(sch, b)]
+        if len(products) < 2:
+            return None
+        by_name = dict(zip(names, blocks))
+        ups = {n: _closure(sch, by_name[n], sch.get_producers) for n in products}
+        seconds = [n for n in products if any(p in ups[n] for p in products if p != n)]
+        if len(seconds) != 1:
+            return None
+        second = seconds[0]
+        first = [p for p in products if p in ups[second]]
+        if len(first) + 1 != len(products) or len(first) > 2 or any(set(first) & ups[p] for p in first):
+            return None
+        # the intermediate: the one block the second product reads that depends on the first product(s)
+        direct = [_name(sch, b) for b in sch.get_producers(by_name[second])]
+        inter = [n for n in direct if n in first or set(first) & _closure(sch, by_name[n], sch.get_producers)]
+        if len(inter) != 1 or inter[0] in first:
+            return None                  # a product feeding the next one directly: no activation, not handled
+        inter = inter[0]
+        between = _closure(sch, by_name[inter], sch.get_producers)
+        down_of_first = set().union(*(_closure(sch, by_name[f], sch.get_consumers) for f in first))
+        chain = (between & down_of_first) - set(first)
+        if any(_has_reduce(sch, by_name[n]) or is_output_block(sch, by_name[n]) for n in chain | {inter}):
+            return None
+        after = _closure(sch, by_name[second], sch.get_consumers)
+        pro = [n for n in names if n not in chain and n not in after and n not in first
+               and n not in (second, inter)]
+        if any(_has_reduce(sch, by_name[n]) for n in pro):
+            return None
+        outputs = [n for n in names if is_output_block(sch, by_name[n])]
+        if len(outputs) != 1 or outputs[0] != names[-1] or names[-1] not in after:
+            return None
+        return {"first": first, "second": second, "inter": inter, "chain": sorted(chain), "pro": pro,
+                "after": [n for n in names if n in after]}
+
+    # ---- schedule -------------------------------------------------------------------------------------------
+    def _schedule(self, sch, plan, target: AscendTarget, host):
+        get = sch.get_sblock
+        for n in plan["pro"] + plan["chain"]:          # layout prologue; bias + activation into the panel
+            if not ok(sch.compute_inline, get(n)):
+                return None
+        after = plan["after"]
+        for n in after[:-1]:                           # bias, residual: recomputed where the rows are read
+            if not _has_reduce(sch, get(n)) and not is_output_block(sch, get(n)):
+                ok(sch.compute_inline, get(n))
+        second, inter, first = get(plan["second"]), get(plan["inter"]), [get(f) for f in plan["first"]]
+        sdom = [extent(sch, l) for l in sch.get_loops(second)]
+        fdom = [extent(sch, l) for l in sch.get_loops(first[0])]
+        if any(d is None for d in sdom + fdom) or len(sdom) < 3:
+            return None
+        n2, n1, k1 = sdom[-2], sdom[-1], fdom[-1]
+        rows = math.prod(sdom[:-2])
+        lanes = vector_lanes(host, 32)
+        v1 = vector_width_for(n1, lanes)
+        panel = v1 * _largest_divisor(n1 // v1, max(1, PANEL // v1))
+        check = chain_row_block(k1, n1, n2, panel, len(first), rows, target, 4)
+        if not check.fits:
+            self.note = f"one row needs {check.needed_bytes} B of UB > {check.available_bytes} B"
+            return None
+        cores = num_cores(host)
+        m = _largest_divisor(rows, min(check.tile_elems, max(1, rows // max(1, cores))))
+
+        # weights pre-packed into the column panels the register blocks walk
+        v2 = vector_width_for(n2, lanes)
+        mr1, nvec1 = micro_tile(m, panel, v1, ACCUMULATORS)
+        mr2, nvec2 = micro_tile(m, n2, v2, ACCUMULATORS)
+        nvec1 = _largest_divisor(panel // v1, nvec1)
+        nvec2 = _largest_divisor(n2 // v2, nvec2)
+        mr1, mr2 = _largest_divisor(m, mr1), _largest_divisor(m, mr2)
+        for f in first:
+            self._prepack(sch, f, nvec1 * v1)
+        self._prepack(sch, second, nvec2 * v2, panel)
+
+        # the second product per panel of its reduction axis: a complete product into a register tile, added
+        # into the m x n2 accumulator rows (rfactor over the panels; the tile is a small UB buffer, which
+        # stays in registers on the host)
+        sch.set_scope(second, 0, UB_SCOPE)
+        stmt = sch.get(second)
+        red = next(i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type == tirx.IterVar.CommReduce)
+        kp, _ = sch.split(loops_by_iter(sch, second)[red], [None, panel])
+        rf = sch.rfactor(kp, 0)
+
+        # anchor: rows of the output block, m at a time; every other stage at that row-block loop
+        out = get(after[-1])
+        loops = sch.get_loops(out)
+        if len(loops) < 2 or math.prod(extent(sch, l) or 0 for l in loops[:-1]) != rows:
+            return None
+        row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        rb, _ = sch.split(row, [None, m])
+        keep = {_name(sch, b) for b in root_blocks(sch) if PREPROC_ANNOTATION in sch.get(b).annotations}
+        keep |= {after[-1], plan["inter"], *plan["first"]}
+        for b in reversed([b for b in root_blocks(sch) if _name(sch, b) not in keep]):
+            sch.compute_at(b, rb, preserve_unit_loops=True)
+        innermost_vector(sch, out, lanes)
+        if cores > 1 and rows // m > 1:
+            sch.parallel(rb)              # before any decompose_reduction (parallel needs whole reductions)
+
+        # the second product walks the intermediate one column panel at a time (its reduction axis):
+        # the panel is computed (first product(s) + activation) right before it, in UB
+        rloops = sch.get_loops(rf)
+        at = next(i for i, l in enumerate(rloops) if sch.get(l).same_as(sch.get(rb)))
+        rkp = _loop_driving(sch, rf, 0)
+        sch.reorder(rkp, *[l for l in rloops[at + 1:] if not sch.get(l).same_as(sch.get(rkp))
+                           and not _loop_of_reduction(sch, rf, l)])
+        sch.compute_at(inter, rkp, preserve_unit_loops=True)
+        sch.set_scope(inter, 0, UB_SCOPE)
+        innermost_vector(sch, inter, lanes)
+        for f in first:
+            sch.compute_at(f, rkp, preserve_unit_loops=True)
+            sch.set_scope(f, 0, UB_SCOPE)
+            self._tile(sch, f, mr1, nvec1, v1, whole=True)
+        i0 = self._tile(sch, rf, mr2, nvec2, v2, whole=False)
+        sch.set_scope(rf, 0, UB_SCOPE)
+        sch.reverse_compute_at(second, i0, preserve_unit_loops=True)
+        innermost_vector(sch, second, v2)
+        for n in after[:-1]:
+            blk = try_(get, n)
+            if blk is None:
+                continue                              # inlined
+            if not is_output_block(sch, blk):
+                try_(sch.set_scope, blk, 0, UB_SCOPE)
+            if not _has_reduce(sch, blk):
+                innermost_vector(sch, blk, lanes)
+        self.note = f"row block {m} rows, intermediate panel {panel}, tiles {mr1}x{nvec1 * v1} / {mr2}x{nvec2 * v2}"
+        sch.annotate(second, "ascendfuse.schedule", self.note)
+        return sch
+
+    @staticmethod
+    def _prepack(sch, block, nr, panel=None):
+        """Constant weight ``W[k, n]`` re-laid out at compile time into the order the register blocks read it:
+        ``(N/nr, K, nr)``; with ``panel`` (the second product, read one K panel at a time)
+        ``(K/panel, N/nr, panel, nr)``, so one panel of all output columns is one contiguous slab."""
+        stmt = sch.get(block)
+        kinds = [iv.iter_type for iv in stmt.iter_vars]
+        spatial = [iv.var for iv, k in zip(stmt.iter_vars, kinds) if k == tirx.IterVar.DataPar]
+        red = [iv.var for iv, k in zip(stmt.iter_vars, kinds) if k == tirx.IterVar.CommReduce]
+        if nr <= 1 or not spatial or len(red) != 1:
+            return
+        if panel is None:
+            _prepack_weight(sch, block, spatial[-1], red[0], nr)
+            return
+        for idx, region in enumerate(stmt.reads):
+            mins = [r.min for r in region.region]
+            if len(mins) == 2 and all(isinstance(x, tirx.Var) for x in mins) and mins[0].same_as(red[0]) \
+                    and mins[1].same_as(spatial[-1]):
+                shape = [int(d) for d in region.source.shape]
+                if packable_param(sch, region.source) is None or shape[1] % nr or shape[0] % panel:
+                    return
+                try_(mark_prepack, sch, block, idx, lambda k, n: (k // panel, n // nr, k % panel, n % nr))
+                return
+
+    @staticmethod
+    def _tile(sch, block, mr, nvec, v, whole):
+        """Register block ``mr x (nvec*v)``: loops ``j0, i0, k0, k1, i1, j1, j2``, i1/j1/k1 unrolled, j2 the
+        vector. ``whole``: the block's reduction is complete under its loops, its accumulator tile is a UB
+        buffer written back per tile (cache_write); else (a reduction split across panels) the tile is read
+        from and written back to the accumulator rows around the k loop (cache_inplace)."""
+        stmt = sch.get(block)
+        kinds = [iv.iter_type for iv in stmt.iter_vars]
+        spatial = [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar]
+        red = next(i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce)
+        by_iter = loops_by_iter(sch, block)
+        i_loop, j_loop, k_loop = by_iter[spatial[-2]], by_iter[spatial[-1]], by_iter[red]
+        k_ext = extent(sch, k_loop)
+        i0, i1 = sch.split(i_loop, [None, mr])
+        j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
+        uk = 4 if k_ext % 4 == 0 else (2 if k_ext % 2 == 0 else 1)
+        k0, k1 = sch.split(k_loop, [None, uk])
+        sch.reorder(j0, i0, k0, k1, i1, j1, j2)
+        if v > 1:
+            ok(sch.vectorize, j2)
+        ok(sch.unroll, j1)
+        ok(sch.unroll, i1)
+        ok(sch.unroll, k1)
+        if whole:
+            copy = sch.cache_write(block, 0, UB_SCOPE)
+            sch.reverse_compute_at(copy, i0, preserve_unit_loops=True)
+            innermost_vector(sch, copy, v)
+            init = try_(sch.decompose_reduction, block, k0)
+        else:
+            init = try_(sch.decompose_reduction, block, k0)
+        if init is not None:
+            innermost_vector(sch, init, v)
+        return i0
+
+
+def _loop_driving(sch, block, iter_index: int):
+    """The loop whose variable binds the block's ``iter_index``-th iterator."""
+    from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
+
+    realize = _get_realize(sch, block)
+    used = {v.name for v in collect_vars_used_in_prim_expr(realize.iter_values[iter_index])}
+    return next(l for l in sch.get_loops(block) if sch.get(l).loop_var.name in used)
+
+
+def _loop_of_reduction(sch, block, loop) -> bool:
+    """Does ``loop`` drive a reduction iterator of ``block``?"""
+    from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
+
+    realize = _get_realize(sch, block)
+    name = sch.get(loop).loop_var.name
+    for iv, val in zip(realize.block.iter_vars, realize.iter_values):
+        if iv.iter_type == tirx.IterVar.CommReduce and name in {v.name for v in collect_vars_used_in_prim_expr(val)}:
+            return True
+    return False
