@@ -123,7 +123,9 @@ class Conv2dRule(ScheduleRule):
     name = "conv2d"
 
     def __init__(self, prepack: bool = True, channel_chunk: int | None = 0, nchwc_min_ic: int = 128,
-                 nchwc_min_plane: int = 2048, plane_chunks: bool = True):
+                 nchwc_min_plane: int = 2048, plane_chunks: bool = True,
+                 row_block_max_plane: int = 4096):
+        self.row_block_max_plane = row_block_max_plane
         self.prepack = prepack
         # small output planes: reduce over input-channel chunks outside the pixel loops (see _plane_chunk)
         self.plane_chunks = plane_chunks
@@ -193,11 +195,15 @@ class Conv2dRule(ScheduleRule):
         (IC x KH x KW x ocb) from L2 and reuses them for one block only. On a small plane (7x7, 14x14) the
         accumulator of a whole block of output rows fits UB, so the channel chunk loop goes outside the
         pixel loops and one chunk of weights plus its input planes is reused by every block of the plane.
-        Sizes: accumulator and the chunk's working set (weights + input planes) each within a quarter of
+        A pointwise stride-1 conv whose input planes are at most ``row_block_max_plane`` bytes (one page)
+        may use a block of output rows instead of the whole plane when the plane's accumulator is too big;
+        it then reads the input in place instead of re-laying it out NCHW[vl]c (a full copy per call).
+        Sizes: accumulator and the chunk's working set (weights + input rows) each within a quarter of
         usable UB, chunks of 16..64 channels; the rows are split further only to give every core two tasks.
         Measured on this host, one core (ResNet-50 shapes): 3x3 256ch 14x14 1.15x, 512ch 7x7 1.15x, 1x1 on
-        7x7/14x14 1.05-1.2x faster; 28x28 planes (accumulator over budget) and 8-channel chunks (3x3 s2 from
-        28x28) were slower, so they keep the register-resident reduction."""
+        7x7/14x14 1.05-1.2x, 1x1 on 28x28 (row blocks) 1.15-1.2x faster; 3x3 on 28x28 and 56x56 neutral,
+        1x1 on 56x56 (12.5 KB planes) and strided 1x1 slower than the NCHW[vl]c input, 8-channel chunks
+        (3x3 s2 from 28x28) slower: those keep the register-resident reduction."""
         w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
         d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
         oc, oh, ow = out_dims
@@ -205,9 +211,15 @@ class Conv2dRule(ScheduleRule):
             return None
         nbytes = tvm.DataType(info.out_dtype).bits // 8
         budget = target.ub_usable // 4
-        if oh * ow * t.ocb * nbytes > budget:
+        fit = oh
+        while fit > 1 and (oh % fit or fit * ow * t.ocb * nbytes > budget):
+            fit -= 1
+        pointwise = w_shape[2] == w_shape[3] == 1 and d_shape[2:] == [oh, ow]
+        row_blocks_ok = pointwise and d_shape[2] * d_shape[3] * nbytes <= self.row_block_max_plane
+        if fit * ow * t.ocb * nbytes > budget or (fit < oh and not row_blocks_ok):
             return None
-        per_channel = (w_shape[2] * w_shape[3] * t.ocb + d_shape[2] * d_shape[3]) * nbytes
+        in_rows = min(d_shape[2], -(-d_shape[2] * fit // oh) + w_shape[2])
+        per_channel = (w_shape[2] * w_shape[3] * t.ocb + in_rows * d_shape[3]) * nbytes
         chunk = 64
         while chunk > 16 and (chunk * per_channel > budget or 2 * chunk > ic):
             chunk //= 2
@@ -215,7 +227,7 @@ class Conv2dRule(ScheduleRule):
             return None
         tasks_per_row = -(-oc // t.ocb)
         row_blocks = max(1, -(-2 * hv.cores // tasks_per_row))
-        rows = -(-oh // row_blocks)
+        rows = min(fit, -(-oh // row_blocks))
         while oh % rows:
             rows += 1
         if tasks_per_row * (oh // rows) < 2 * hv.cores:
@@ -232,17 +244,21 @@ class Conv2dRule(ScheduleRule):
                 ok(sch.compute_inline, b)
         loops = sch.get_loops(conv)
         ic = extent(sch, loops[4])
+        oc, oh, ow = extent(sch, loops[1]), extent(sch, loops[2]), extent(sch, loops[3])
+        if oc is None or ow is None:
+            return None
+        t = choose_conv_tiles(oc, ow, info.out_dtype, hv, _target(target))
         icb = hv.lanes(info.out_dtype)
         pad_blocks = [b for b in pro if _still_exists(sch, b)]
-        if not (self.nchwc_min_ic and len(pad_blocks) == 1 and self._wants_nchwc(sch, conv, info, ic, icb)):
+        plane = None
+        if self.plane_chunks and self.channel_chunk == 0 and len(pad_blocks) <= 1:
+            plane = self._plane_chunk(ic, (oc, oh, ow), sch, conv, info, t, _target(target), hv)
+        if plane is not None or not (self.nchwc_min_ic and len(pad_blocks) == 1
+                                     and self._wants_nchwc(sch, conv, info, ic, icb)):
             icb = None
         for b in pro:
             if icb is None and _still_exists(sch, b) and _is_plain_copy(sch, b):
                 ok(sch.compute_inline, b)     # a "pad" of zero width (1x1 convs): read the input directly
-        oc, ow = extent(sch, loops[1]), extent(sch, loops[3])
-        if oc is None or ow is None:
-            return None
-        t = choose_conv_tiles(oc, ow, info.out_dtype, hv, _target(target))
         packed = False
         if self.prepack and oc % t.ocb == 0 and packable_param(sch, info.weight_buf) is not None:
             ocb = t.ocb
@@ -270,9 +286,8 @@ class Conv2dRule(ScheduleRule):
         x0, x1 = sch.split(xx, [None, t.owr])
         rci = self._channel_chunk(ic, sch, conv, ow, _target(target), info) if icb is None else None
         rows = 1
-        if icb is None and rci is None and self.plane_chunks:
-            rci, rows = self._plane_chunk(ic, (oc, extent(sch, yy), ow), sch, conv, info, t, _target(target),
-                                          hv) or (None, 1)
+        if plane is not None:
+            rci, rows = plane
         if icb is not None:
             # many input channels: the (padded) input is re-laid out NCHW[icb]c once, so the channels one
             # register block reads are contiguous (few pages and lines per tile instead of one per channel)
