@@ -110,3 +110,12 @@ def test_space_generator_makes_a_metaschedule_space(kernel):
     assert isinstance(space, ms.space_generator.ScheduleFn)
     with pytest.raises(AscendFuseError, match="no tunable space"):
         apply_tunable(s_tir.Schedule(kernel.workload), "conv2d", NPU, HOST, LeastDrawnTiles())
+
+
+def test_ub_postproc_rejects_a_schedule_over_capacity(points):
+    from tvm_ascendfuse.schedule.tunable import _ub_check_postproc
+
+    sch = points[0][1]
+    assert _ub_check_postproc(NPU).apply(sch) is True
+    tiny = make_target("ascend910b", ub_bytes=64, ub_reserved_bytes=0)
+    assert _ub_check_postproc(tiny).apply(sch) is False

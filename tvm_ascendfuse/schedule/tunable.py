@@ -42,8 +42,8 @@ class LeastDrawnTiles:
         counts = [self.drawn.get(t, 0) if ok else None for t, ok in zip(cands, usable)]
         low = min(c for c in counts if c is not None)
         if counts[0] < 2:
-            # the default goes first, twice: MetaSchedule draws one design space before the search that it
-            # never measures, and the default must be measured so that tuning never loses to it
+            # the default goes first, twice: MetaSchedule draws one design space before the search that is
+            # never measured, and the default must be measured (tune.py re-times it beside the finalists)
             probs = [1.0 if i == 0 else 0.0 for i in range(len(cands))]
         else:
             n_low = counts.count(low)
@@ -134,12 +134,11 @@ def space_generator(rule_name: str, target: AscendTarget | str, host, chooser=No
 def candidate_schedules(workload: tvm.IRModule, rule_name: str, target: AscendTarget, host):
     """Every point of the space the rule accepts as (tiles, schedule), the default first."""
     first = FixedTiles(0)
-    out = [(None, apply_tunable(s_tir.Schedule(workload), rule_name, target, host, first))]
-    out[0] = (first.candidates[0], out[0][1])
+    out = [(first, apply_tunable(s_tir.Schedule(workload), rule_name, target, host, first))]  # must not decline
     for i in range(1, len(first.candidates)):
+        chooser = FixedTiles(i)
         try:
-            sch = apply_tunable(s_tir.Schedule(workload), rule_name, target, host, FixedTiles(i))
+            out.append((chooser, apply_tunable(s_tir.Schedule(workload), rule_name, target, host, chooser)))
         except AscendFuseError:
             continue
-        out.append((first.candidates[i], sch))
-    return out
+    return [(chooser.candidates[chooser.index], sch) for chooser, sch in out]
