@@ -52,6 +52,12 @@ def test_avg_pool_with_divide_epilogue(dtype):
     check_rule(PoolRule(), fused_kernel(build, [(1, 7, 11, 10)], dtype), host=NATIVE)
 
 
+def test_shape_changing_epilogue_runs_after_the_pool():
+    """A concatenate after the pool writes more than a pool tile: it must not be placed per tile."""
+    build = lambda x, other: op.concat([other, max_pool(x)], axis=1)   # noqa: E731
+    check_rule(PoolRule(), fused_kernel(build, [(1, 6, 9, 9), (1, 3, 5, 5)]), host=NATIVE)
+
+
 def test_global_mean_and_flatten():
     build = lambda x: _flat(op.mean(x, axis=[2, 3], keepdims=True))   # noqa: E731
     check_rule(PoolRule(), fused_kernel(build, [(1, 37, 7, 7)]), host=NATIVE)
@@ -67,6 +73,15 @@ def test_conv_then_max_pool(dtype):
     mod = check_rule(PoolRule(), func, host=NATIVE)
     text = mod.script()
     assert "ConvTiles" in text and "pool tile" in text     # the conv part got the conv rule's schedule
+
+
+def test_conv_straight_into_avg_pool():
+    """No epilogue between the conv and the pool; the pool's divide follows it."""
+    def build(x, w):
+        return op.nn.avg_pool2d(op.nn.conv2d(x, w, padding=[1] * 4), pool_size=2, strides=2)
+
+    mod = check_rule(PoolRule(), fused_kernel(build, [(1, 4, 10, 9), (16, 4, 3, 3)]), host=NATIVE)
+    assert "ConvTiles" in mod.script()
 
 
 def test_conv_residual_then_global_mean():

@@ -176,8 +176,7 @@ class PoolRule(ScheduleRule):
         epilogue = list(blocks[pi + 1:])
         if any(_has_reduce(sch, b) for b in prologue + epilogue):
             return None
-        self._schedule_pool(sch, prologue, pool, epilogue, target, host)
-        return sch
+        return sch if self._schedule_pool(sch, prologue, pool, epilogue, target, host) else None
 
     def _schedule_pool(self, sch, prologue, pool: PoolBlock, epilogue, target, host):
         block = pool.block
@@ -185,7 +184,7 @@ class PoolRule(ScheduleRule):
         n, c, y, x, *red = sch.get_loops(block)
         channels, rows, cols = extent(sch, c), extent(sch, y), extent(sch, x)
         if None in (channels, rows, cols):
-            return
+            return False
         nbytes = buffer_bytes(pool.source)
         cb, rb = choose_pool_tile(channels, rows, cols, pool, nbytes, target, num_cores(host))
         co, ci = sch.split(c, [None, cb])
@@ -233,3 +232,4 @@ class PoolRule(ScheduleRule):
         _vectorize_inner(sch, init, lanes)
         try_(sch.unroll, sch.get_loops(block)[-1])
         sch.annotate(block, "ascendfuse.schedule", f"pool tile {cb}ch x {rb}rows")
+        return True
