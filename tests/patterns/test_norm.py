@@ -131,3 +131,33 @@ def test_add_layer_norm_symbolic_batch():
     result = compile_ours(mod)
     assert_one_kernel(result, "ascendfuse.norm.add_layer_norm")
     run_symbolic(mod, result, [(3, H), (3, H)])
+
+
+def rms(bb, x, dtype="float32"):
+    return bb.emit(relax.op.nn.rms_norm(x, const((H,), dtype, 2), axes=[-1]))
+
+
+def test_rms_norm_matmul():
+    """LLaMA's attention norm feeding the merged Q/K/V projection: one kernel, the norm is its prologue."""
+    result = assert_fused(build([("x", (2, 8, H), "float32")], lambda bb, x: linear(bb, rms(bb, x), n=96)),
+                          "ascendfuse.norm.rms_norm_matmul")
+    assert result.report.kernels[0]["rule"] == "matmul"
+
+
+def test_rms_norm_matmul_bias():
+    assert_fused(build([("x", (8, H), "float32")], lambda bb, x: relax.op.add(linear(bb, rms(bb, x)), const((48,)))),
+                 "ascendfuse.norm.rms_norm_matmul_bias")
+
+
+def test_rms_norm_matmul_bias_act():
+    assert_fused(build([("x", (8, H), "float32")], lambda bb, x: relax.op.nn.relu(
+        bb.emit(relax.op.add(linear(bb, rms(bb, x)), const((48,)))))), "ascendfuse.norm.rms_norm_matmul_bias_act")
+
+
+def test_rms_norm_feeding_two_matmuls_is_refused():
+    def body(bb, x):
+        y = rms(bb, x)
+        return relax.op.add(linear(bb, y), linear(bb, y))
+    result = assert_same_numbers(build([("x", (8, H), "float32")], body))
+    reasons = [r.get("failed", "") for r in refusals(result, "TbeRmsNormMatmulFusionPass")]
+    assert any("used outside the group" in r for r in reasons), reasons

@@ -87,7 +87,8 @@ def test_attention_plain_fp16():
 
 def test_attention_with_bert_style_head_split():
     """Q/K/V projections reshaped into heads around the attention core (as a BERT ONNX export imports):
-    the core from Q·Kᵀ to P·V is one kernel; the head split/merge stays outside."""
+    the core from Q·Kᵀ to P·V is one kernel (the projections are merged into one matmul, whose head split
+    the attention kernel takes as its prologue)."""
     hid, heads, seq = 32, 2, 8
 
     def body(bb, x, m):
@@ -157,3 +158,21 @@ def test_working_set_depends_on_the_target():
     assert_one_kernel(compile_ours(mod, target="ascend310p"), "ascendfuse.softmax.scale")
     assert_one_kernel(compile_ours(mod, target=make_target("ascend910b", double_buffer=False)),
                       "ascendfuse.softmax.scale")
+
+
+def test_attention_takes_head_split_of_a_merged_projection():
+    """Q, K, V cut out of one merged projection (slice -> reshape -> permute): the cut is the kernel's
+    injective prologue, so the whole graph is one attention kernel reading the projection once."""
+    hid, heads, seq = 32, 2, 8
+
+    def body(bb, qkv, m):
+        def part(i, perm):
+            y = bb.emit(relax.op.strided_slice(qkv, axes=[2], begin=[i * hid], end=[(i + 1) * hid]))
+            return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (1, seq, heads, hid // heads))), perm))
+        q, kt, v = part(0, [0, 2, 1, 3]), part(1, [0, 2, 3, 1]), part(2, [0, 2, 1, 3])
+        s = bb.emit(relax.op.multiply(bb.emit(relax.op.matmul(q, kt)), relax.const(0.25)))
+        return relax.op.matmul(bb.emit(relax.op.nn.softmax(bb.emit(relax.op.add(s, m)), axis=-1)), v)
+
+    mod = build([("qkv", (1, seq, 3 * hid), "float32"), ("m", (1, 1, 1, seq), "float32")], body)
+    result = assert_fused(mod, "ascendfuse.attention.scale_mask")
+    assert result.report.kernels[0]["rule"] == "attention"

@@ -12,8 +12,10 @@
    Softmax (disjoint patterns). They come before the split so that it moves single ops (silu, gelu) and
    not their decompositions (``x * sigmoid(x)`` uses the concat twice, which the split refuses).
 4. ``ConcatSplitFusionPass``: moves elementwise ops and inference BatchNorm from a concat onto its parts.
-5. ``ConvBatchnormFusionPass`` last: it folds every BN now sitting on a conv/matmul, including the ones
+5. ``ConvBatchnormFusionPass``: it folds every BN now sitting on a conv/matmul, including the ones
    the split just moved onto the parts of a concat (CSP blocks: ``concat(conv, conv) -> BN -> act``).
+6. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
+   (after the bias merge and any BN fold) and merges them into one matmul plus slices (Q/K/V).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
@@ -25,6 +27,7 @@ from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
 from .layer_norm import LayerNormFusionPass
 from .matmul_bias_add import MatMulBiasAddFusionPass
+from .matmul_sibling_merge import MatMulSiblingMergeFusionPass
 from .rms_norm import RMSNormFusionPass
 from .softmax import SoftmaxFusionPass
 from .swish import SwishFusionPass
@@ -40,6 +43,7 @@ GRAPH_FUSION_PASSES: list = [
     SoftmaxFusionPass,
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,
+    MatMulSiblingMergeFusionPass,
 ]
 
 __all__ = ["GRAPH_FUSION_PASSES"] + [cls.__name__ for cls in GRAPH_FUSION_PASSES]

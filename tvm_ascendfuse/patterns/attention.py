@@ -1,9 +1,12 @@
 """Scaled dot-product attention as one kernel (TbeAttentionFusionPass).
 
 Matches from the Q·Kᵀ matmul to the P·V matmul: ``matmul(softmax(matmul(Q, Kᵀ) * scale + mask), V)``, with
-the scale and the mask optional and Kᵀ either any tensor or a ``permute_dims`` taken into the group. The
-reshapes/permutes that split heads (BERT, LLaMA exports) stay outside. Without online-softmax rescaling a
-tile needs cube_m complete score rows, so the key length must be static and small enough for UB.
+the scale and the mask optional and Kᵀ either any tensor or a ``permute_dims`` taken into the group. When Q,
+K and V are parts of one merged projection (MatMulSiblingMergeFusionPass), the slice + reshape (+ permute)
+that cut each part into heads is taken into the group as an injective prologue: the DMA into L1 does it, and
+the kernel reads the merged projection once instead of three separate tensors written by a second pass.
+Otherwise the reshapes/permutes that split heads (BERT, LLaMA exports) stay outside. Without online-softmax
+rescaling a tile needs cube_m complete score rows, so the key length must be static and small enough for UB.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from tvm.relax.dpl import is_op, wildcard
 
 from ..switches import UB_FUSION, register_switch
-from .checks import (dims, float_dtypes, known_shapes, min_rank, private_intermediates, softmax_axes,
+from .checks import (dims, float_dtypes, known_shapes, min_rank, op_name, private_intermediates, softmax_axes,
                      static_axes, tensor_type)
 from .registry import PatternSpec, declare
 from .softmax import masked, scaled
@@ -45,6 +48,8 @@ def attention_working_set(ctx, target) -> int:
     kt = ctx.annotated_expr.get("kt")
     if kt is not None and kt in ctx.value_to_bound_var:
         skip.append(ctx.value_to_bound_var[kt])
+    # the head-split prologue (slice / reshape / permute) is address arithmetic of the operand DMA into L1
+    skip += [var for var, call in ctx.matched_bindings.items() if op_name(call) in _LAYOUT_OPS]
     add_epilogue(budget, ctx, skip, lambda s: [1] * (len(s) - 2) + [clamp(s[-2], target.cube_m), s[-1]])
     budget.add("softmax.stats", 2 * rows, "float32")
     add_cube_blocks(budget, tensor_type(pv.args[0]).dtype, tensor_type(pv.args[1]).dtype, target, "pv")
@@ -63,9 +68,20 @@ VARIANTS = (
 )
 
 
+_LAYOUT_OPS = ("relax.strided_slice", "relax.reshape", "relax.permute_dims")
+
+
+def head_split(src):
+    """One part of a merged projection cut into heads: ``permute_dims(reshape(strided_slice(src)))``, or
+    ``reshape(strided_slice(src))`` (K, whose permute is the Kᵀ), or any tensor."""
+    part = is_op("relax.strided_slice")(src, varg_default_wildcard=True)
+    heads = is_op("relax.reshape")(part, wildcard())
+    return is_op("relax.permute_dims")(heads) | heads | wildcard()
+
+
 def _declare_all() -> None:
     for variant, build, priority, description in VARIANTS:
-        q, k, v = wildcard(), wildcard(), wildcard()
+        q, k, v = (head_split(wildcard()) for _ in range(3))
         kt = is_op("relax.permute_dims")(k)
         qk = is_op("relax.matmul")(q, kt | wildcard())
         sm = is_op("relax.nn.softmax")(build(qk))

@@ -3,6 +3,8 @@
 * LayerNorm feeding a linear layer (TbeLayerNormMatmulFusionPass): the normalised rows are the cube's left
   operand, so they never go back to GM. The vector unit normalises one full row at a time in UB and stages
   it in L1 until a fractal block of cube_m rows is complete: UB holds one row, L1 holds cube_m rows.
+* RMSNorm feeding a linear layer (TbeRmsNormMatmulFusionPass), the same with RMSNorm: LLaMA's attention
+  norm once its Q/K/V projections are one matmul (MatMulSiblingMergeFusionPass).
 * residual add + LayerNorm / RMSNorm (TbeAddLayerNormFusionPass, TbeAddRmsNormFusionPass): the sum row is
   normalised while it is in UB. The sum may also be used later (pre-norm transformers add it to the next
   block's output): the group then returns it as a second output, as CANN's AddLayerNorm does.
@@ -22,6 +24,9 @@ from .working_set import Budget, add_cube_blocks, add_epilogue, cube_out_tile, r
 LN_MATMUL = register_switch(
     "TbeLayerNormMatmulFusionPass", UB_FUSION,
     "layer_norm feeding matmul (+ bias + activation) as one kernel: normalised rows are the cube operand")
+RMS_MATMUL = register_switch(
+    "TbeRmsNormMatmulFusionPass", UB_FUSION,
+    "rms_norm feeding matmul (+ bias + activation) as one kernel: normalised rows are the cube operand")
 ADD_LN = register_switch(
     "TbeAddLayerNormFusionPass", UB_FUSION, "residual add + layer_norm as one kernel (sum may be a 2nd output)")
 ADD_RMS = register_switch(
@@ -38,11 +43,12 @@ def _rms_norm(x):
 
 # ---- LayerNorm + matmul --------------------------------------------------------------------------------
 def normalises_k_axis(ctx, target) -> "str | None":
-    """Only a LayerNorm over the last axis alone produces whole rows of the matmul's left operand."""
+    """Only a norm over the last axis alone produces whole rows of the matmul's left operand."""
     ln = ctx.annotated_expr["norm"]
     ndim = len(dims(ln.args[0]))
     if norm_axes(ln, ndim) != [ndim - 1]:
-        return f"layer_norm axes {[int(a) for a in ln.attrs.axes]} are not just the last axis"
+        what = ln.op.name.replace("relax.nn.", "")
+        return f"{what} axes {[int(a) for a in ln.attrs.axes]} are not just the last axis"
     return None
 
 
@@ -58,7 +64,8 @@ def layer_norm_matmul_working_set(ctx, target) -> int:
     budget.add("ln.in", k, dtype)
     budget.add("ln.out", k, tensor_type(ctx.value_to_bound_var[ln]).dtype)
     budget.add("ln.gamma", k, tensor_type(ln.args[1]).dtype)
-    budget.add("ln.beta", k, tensor_type(ln.args[2]).dtype)
+    if len(ln.args) > 2:                                    # LayerNorm's beta (RMSNorm has none)
+        budget.add("ln.beta", k, tensor_type(ln.args[2]).dtype)
     budget.add("ln.stats", 2, "float32")
     add_cube_blocks(budget, dtype, tensor_type(mm.args[1]).dtype, target, "matmul")
     mm_var = ctx.value_to_bound_var[mm]
@@ -77,9 +84,12 @@ def operand_rows_fit_l1(ctx, target) -> "str | None":
     return None
 
 
-LN_MATMUL_CHECKS = (float_dtypes, known_shapes, static_axes("norm", norm_axes, "layer_norm"), normalises_k_axis,
-                    operand_rows_fit_l1,
-                    min_rank("rhs", 2, "matmul right operand"), private_intermediates)
+def _norm_matmul_checks(what):
+    return (float_dtypes, known_shapes, static_axes("norm", norm_axes, what), normalises_k_axis,
+            operand_rows_fit_l1, min_rank("rhs", 2, "matmul right operand"), private_intermediates)
+
+
+LN_MATMUL_CHECKS = _norm_matmul_checks("layer_norm")
 
 LN_MATMUL_VARIANTS = (
     ("layer_norm_matmul_bias_act", lambda m: activation(is_op("relax.add")(m, wildcard())), 160,
@@ -106,15 +116,16 @@ def _add_norm_checks(what):
 
 
 def _declare_all() -> None:
-    for variant, build, priority, description in LN_MATMUL_VARIANTS:
-        x = wildcard()
-        ln = _layer_norm(x)
-        rhs = wildcard()
-        mm = is_op("relax.matmul")(ln, rhs)
-        declare(PatternSpec(name=f"ascendfuse.norm.{variant}", switch=LN_MATMUL, pattern=build(mm),
-                            annotations={"norm": ln, "matmul": mm, "rhs": rhs}, checks=LN_MATMUL_CHECKS,
-                            working_set=layer_norm_matmul_working_set, priority=priority,
-                            description=description))
+    for norm_of, what, switch in ((_layer_norm, "layer_norm", LN_MATMUL), (_rms_norm, "rms_norm", RMS_MATMUL)):
+        for variant, build, priority, description in LN_MATMUL_VARIANTS:
+            x = wildcard()
+            ln = norm_of(x)
+            rhs = wildcard()
+            mm = is_op("relax.matmul")(ln, rhs)
+            declare(PatternSpec(name=f"ascendfuse.norm.{variant.replace('layer_norm', what)}", switch=switch,
+                                pattern=build(mm), annotations={"norm": ln, "matmul": mm, "rhs": rhs},
+                                checks=_norm_matmul_checks(what), working_set=layer_norm_matmul_working_set,
+                                priority=priority, description=description.replace("layer_norm", what)))
     for name, switch, norm_of, what in (("add_layer_norm", ADD_LN, _layer_norm, "layer_norm"),
                                         ("add_rms_norm", ADD_RMS, _rms_norm, "rms_norm")):
         add = is_op("relax.add")(wildcard(), wildcard())

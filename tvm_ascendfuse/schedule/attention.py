@@ -108,6 +108,7 @@ class AttentionRule(ScheduleRule):
         sq = c2.dom()[nb]
         sq_static = sq if isinstance(sq, int) else 256
         head_bytes, row_bytes = 0, sk * 4 * len(row_stages) + d_static * dtype_bytes * 2
+        panels = set()                                  # stages computed once per head, not per row block
         for b in staged:
             if any(b.same_as(r) for r in row_stages):
                 continue
@@ -115,6 +116,8 @@ class AttentionRule(ScheduleRule):
                 row_bytes += _per_head_bytes(sch, b, batch) // max(1, sq_static)
             else:                                       # Kᵀ / V panels: once per head
                 head_bytes += _per_head_bytes(sch, b, batch)
+                if not b.same_as(c1.block_rv):
+                    panels.add(sch.get(b).name_hint)
         copies = 2 if target.double_buffer else 1
         rb = 1
         while (rb * 2 <= sq_static and rb * 2 <= 64
@@ -152,18 +155,25 @@ class AttentionRule(ScheduleRule):
                 ok(sch.set_scope, rf, 0, UB_SCOPE)
                 rf_blocks.append(sch.get(rf).name_hint)
 
-        # Tile loop over (batch·head, query block); everything else computed inside it.
+        # Tile loop over (batch·head, query block); everything else computed inside it. With enough heads
+        # for the cores, the head loop is the parallel one and the Kᵀ / V panels (a gather when the heads
+        # are cut out of a merged projection) are staged once per head, not once per query block.
         out_blk = c2.block_rv
         head_loops = loops_through(sch, out_blk, c2, nb)
         row = c2.iters[nb].loop_rv
         head = (sch.fuse(*head_loops) if len(head_loops) > 1 else head_loops[0]) if head_loops else None
         io, _ = sch.split(row, [None, rb])
-        tile = sch.fuse(head, io) if head is not None else io
+        if head is not None and panels and batch >= 2 * cores:
+            tile, inner = head, io
+        else:
+            tile = inner = sch.fuse(head, io) if head is not None else io
+            panels = set()
         skip = {sch.get(out_blk).name_hint} | ({sch.get(tail).name_hint} if tail is not None else set())
         for blk in reversed([b for b in root_blocks(sch) if sch.get(b).name_hint not in skip]):
-            sch.compute_at(blk, tile, preserve_unit_loops=True)
+            at = tile if sch.get(blk).name_hint in panels else inner
+            sch.compute_at(blk, at, preserve_unit_loops=True)
         if tail is not None:
-            sch.reverse_compute_at(tail, tile, preserve_unit_loops=True)
+            sch.reverse_compute_at(tail, inner, preserve_unit_loops=True)
         if cores > 1:
             ok(sch.parallel, tile)
 
