@@ -184,8 +184,25 @@ def test_plane_chunks_keep_two_tasks_per_core():
 
 
 def test_large_planes_keep_the_nchwc_input():
-    """1x1 on 56x56 (12.5 KB channel planes) and strided 1x1: the input is still re-laid out NCHW[vl]c."""
-    for xs, ws, stride in [((1, 128, 56, 56), (32, 128, 1, 1), 1), ((1, 128, 28, 28), (64, 128, 1, 1), 2)]:
-        func = fused_kernel(conv_bias_relu(stride, 0), [xs, ws, (1, ws[0], 1, 1)])
-        script = Conv2dRule().apply(func, NPU, NATIVE).mod.script()
-        assert "yy_0" not in script and "pad_temp" in script
+    """1x1 on 56x56 (12.5 KB channel planes): the input is still re-laid out NCHW[vl]c, no row blocks."""
+    func = fused_kernel(conv_bias_relu(1, 0), [(1, 128, 56, 56), (32, 128, 1, 1), (1, 32, 1, 1)])
+    script = Conv2dRule().apply(func, NPU, NATIVE).mod.script()
+    assert "yy_0" not in script and "pad_temp" in script
+
+
+@pytest.mark.parametrize("xs,ws,residual", [((1, 32, 14, 14), (64, 32, 1, 1), False),
+                                            ((1, 16, 13, 13), (32, 16, 1, 1), True)])
+def test_strided_pointwise_gathers_its_input_once(xs, ws, residual):
+    """A 1x1 stride-2 conv (ResNet downsample) gathers the pixels it reads into an output-sized buffer and
+    runs as a stride-1 pointwise conv on it: exact, also on odd sizes and with a residual epilogue."""
+    oh = (xs[2] - 1) // 2 + 1
+
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w, strides=2), b)
+        return op.nn.relu(op.add(y, r[0]) if residual else y)
+
+    shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(1, ws[0], oh, oh)] if residual else [])
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
+    script = check_rule(Conv2dRule(), func, host=NATIVE).script()
+    assert "conv_subsample" in script
+    assert "conv_subsample" not in Conv2dRule(subsample_strided=False).apply(func, NPU, NATIVE).mod.script()

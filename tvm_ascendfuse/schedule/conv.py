@@ -31,6 +31,7 @@ from .layout import mark_prepack, packable_param
 from .matmul import _LOAD, _has_reduce, _strip_cast, _vectorize_inner, parallel_vector
 
 _LOG = logging.getLogger(__name__)
+_SUBSAMPLE = "ascendfuse.conv_subsample"   # marks the gathered input of a strided 1x1 conv
 
 
 @dataclass
@@ -124,8 +125,9 @@ class Conv2dRule(ScheduleRule):
 
     def __init__(self, prepack: bool = True, channel_chunk: int | None = 0, nchwc_min_ic: int = 128,
                  nchwc_min_plane: int = 2048, plane_chunks: bool = True,
-                 row_block_max_plane: int = 4096):
+                 row_block_max_plane: int = 4096, subsample_strided: bool = True):
         self.row_block_max_plane = row_block_max_plane
+        self.subsample_strided = subsample_strided
         self.prepack = prepack
         # small output planes: reduce over input-channel chunks outside the pixel loops (see _plane_chunk)
         self.plane_chunks = plane_chunks
@@ -247,6 +249,10 @@ class Conv2dRule(ScheduleRule):
         oc, oh, ow = extent(sch, loops[1]), extent(sch, loops[2]), extent(sch, loops[3])
         if oc is None or ow is None:
             return None
+        if self.subsample_strided:
+            sub = _subsample_strided_pointwise(sch, conv, info, pro, (oh, ow))
+            if sub is not None:
+                pro, info = sub
         t = choose_conv_tiles(oc, ow, info.out_dtype, hv, _target(target))
         icb = hv.lanes(info.out_dtype)
         pad_blocks = [b for b in pro if _still_exists(sch, b)]
@@ -257,7 +263,8 @@ class Conv2dRule(ScheduleRule):
                                      and self._wants_nchwc(sch, conv, info, ic, icb)):
             icb = None
         for b in pro:
-            if icb is None and _still_exists(sch, b) and _is_plain_copy(sch, b):
+            if icb is None and _still_exists(sch, b) and _is_plain_copy(sch, b) and \
+                    _SUBSAMPLE not in sch.get(b).annotations:
                 ok(sch.compute_inline, b)     # a "pad" of zero width (1x1 convs): read the input directly
         packed = False
         if self.prepack and oc % t.ocb == 0 and packable_param(sch, info.weight_buf) is not None:
@@ -337,6 +344,26 @@ class Conv2dRule(ScheduleRule):
         try_(sch.unroll, il[-3])
         sch.annotate(conv, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}")
         return sch
+
+
+def _subsample_strided_pointwise(sch, conv, info: ConvBlock, pro, out_hw):
+    """A strided 1x1 conv reads every s-th pixel of its input: gather those pixels once into an NCHW buffer
+    of the output's size (``reindex`` of the data read, the zero-width pad inlined into it), so the conv
+    becomes a stride-1 pointwise conv on a plane s*s times smaller instead of re-laying out (or striding
+    through) the whole input. Returns (prologue blocks, re-matched conv) or None when not applicable."""
+    w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
+    pads = [b for b in pro if _still_exists(sch, b)]
+    d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
+    if w_shape[2:] != [1, 1] or len(pads) != 1 or None in d_shape or d_shape[2:] == list(out_hw):
+        return None
+    rb = sch.reindex(conv, ("read", info.data_read))
+    sch.transform_layout(rb, ("write", 0), lambda n, y, x, c: (n, c, y, x))
+    ok(sch.compute_inline, pads[0])
+    rn, ry, rx, rc = sch.get_loops(rb)
+    sch.reorder(rn, rc, ry, rx)          # parallelised over (n, c) with the other prologue blocks
+    sch.annotate(rb, _SUBSAMPLE, 1)
+    info = match_conv2d(sch, conv)
+    return ([rb], info) if info is not None else None
 
 
 def extent_of(dim) -> int | None:
