@@ -7,7 +7,9 @@ and is marked ``tirx.is_scheduled``; the report gets the rule per kernel.
 
 from __future__ import annotations
 
-from tvm import tirx
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..analysis.ub_usage import kernel_usage, normalize_scope_aliases
 from ..passbase import PyPass
@@ -39,7 +41,44 @@ def default_rules(target: AscendTarget) -> list:
     return tuned + _rule_instances(DEFAULT_RULES)
 
 
+# Rules that schedule two or more products decline a kernel with fewer; counting products is one walk over
+# the blocks, where each rule's own analysis first builds a schedule (tens of ms per rule and kernel).
+MULTI_PRODUCT_RULES = frozenset({"attention", "multi-matmul", "chained-matmul"})
+
+
+def product_blocks(func: tirx.PrimFunc) -> int:
+    """Blocks that ``reduction.is_contraction`` calls products (A[i, k] * B[k, j]: two reads indexed by a
+    reduction var, each with a spatial var the other lacks), counted on the function without a schedule."""
+    found = []
+
+    def visit(block):
+        rvars = {iv.var.name for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+        if not rvars:
+            return
+        svars = {iv.var.name for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+        used = []
+        for region in block.reads:
+            names = set()
+            for r in region.region:
+                names |= {v.name for v in collect_vars_used_in_prim_expr(r.min)}
+            if names & rvars:
+                used.append(names & svars)
+        if any(a - b and b - a for a in used for b in used):
+            found.append(block)
+
+    tvm_ffi.structural_walk(func, (s_tir.SBlock, visit))
+    return len(found)
+
+
+def _all_static(func: tirx.PrimFunc) -> bool:
+    """Every parameter is a buffer of constant shape: then no loop extent or tile can be symbolic."""
+    return all(isinstance(p.ty, tirx.BufferType) and all(isinstance(d, tirx.IntImm) for d in p.ty.shape)
+               for p in func.params)
+
+
 def _symbolic_on_chip(name: str, func: tirx.PrimFunc, target: AscendTarget) -> bool:
+    if _all_static(func):
+        return False    # skips the buffer-compaction analysis (tens of ms per kernel)
     usage = kernel_usage(name, func, target)
     return any(a.nbytes is None for a in usage.allocations)
 
@@ -65,7 +104,10 @@ class ApplyUBSchedules(PyPass):
         """(new function, rule name, notes) for one kernel; the function is unchanged when no rule fits."""
         notes = []
         prepared = use_fast_math(normalize_scope_aliases(func))
+        single_product = product_blocks(prepared) < 2
         for rule in self.rules:
+            if single_product and getattr(rule, "name", None) in MULTI_PRODUCT_RULES:
+                continue
             try:
                 sch = rule.apply(prepared, self.target, host)
             except Exception as err:  # noqa: BLE001 - a failing rule declines

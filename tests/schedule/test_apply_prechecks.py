@@ -1,0 +1,63 @@
+"""The schedule phase's cheap pre-checks: they must only skip work whose answer is known.
+
+* ``product_blocks`` counts what ``reduction.is_contraction`` calls products, without a schedule; rules
+  that need two products are not tried on a kernel with fewer (the rule chosen stays the same).
+* ``_symbolic_on_chip`` skips the compaction analysis when every parameter has a static shape.
+"""
+
+import pytest
+from tvm import relax, s_tir
+from tvm.relax import op
+
+from tests.schedule.kernels import HOST, NPU, attention_kernel, fused_kernel
+from tvm_ascendfuse.schedule import apply as ap
+from tvm_ascendfuse.schedule.common import block_infos
+from tvm_ascendfuse.schedule.reduction import is_contraction
+
+
+def _ln_matmul_gelu(x, g, b, w):
+    return op.nn.gelu(op.matmul(op.nn.layer_norm(x, g, b, axes=[-1]), w))
+
+
+def _two_matmuls(x, w1, w2):
+    return op.add(op.matmul(x, w1), op.matmul(x, w2))
+
+
+def _softmax(x):
+    return op.nn.softmax(x)
+
+
+KERNELS = {
+    "matmul": (lambda: fused_kernel(lambda x, w: op.matmul(x, w), [(8, 16), (16, 8)]), 1),
+    "ln_matmul_gelu": (lambda: fused_kernel(_ln_matmul_gelu, [(8, 16), (16,), (16,), (16, 8)]), 1),
+    "two_matmuls": (lambda: fused_kernel(_two_matmuls, [(8, 16), (16, 8), (16, 8)]), 2),
+    "attention": (lambda: attention_kernel(s=16, d=8), 2),
+    "softmax": (lambda: fused_kernel(_softmax, [(4, 32)]), 0),
+}
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_product_count_matches_is_contraction(name):
+    build, expected = KERNELS[name]
+    func = build()
+    sch = s_tir.Schedule(func)
+    reference = sum(1 for b in block_infos(sch) if b.is_reduction() and is_contraction(sch, b.block_rv))
+    assert ap.product_blocks(func) == reference == expected
+
+
+@pytest.mark.parametrize("name", ["matmul", "ln_matmul_gelu", "softmax"])
+def test_skipping_multi_product_rules_keeps_the_chosen_rule(name, monkeypatch):
+    func = KERNELS[name][0]()
+    fast = ap.ApplyUBSchedules(NPU).schedule_one("k", func, HOST)
+    monkeypatch.setattr(ap, "MULTI_PRODUCT_RULES", frozenset())
+    slow = ap.ApplyUBSchedules(NPU).schedule_one("k", func, HOST)
+    assert fast[1] == slow[1] is not None
+
+
+def test_symbolic_check_only_skipped_for_static_kernels():
+    static = fused_kernel(_softmax, [(4, 32)])
+    assert ap._all_static(static) and not ap._symbolic_on_chip("k", static, NPU)
+    from tvm import tirx
+    n = tirx.Var("n", "int64")
+    dynamic = fused_kernel(_softmax, [(n, 32)])
+    assert not ap._all_static(dynamic)
