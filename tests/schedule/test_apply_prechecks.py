@@ -6,7 +6,7 @@
 """
 
 import pytest
-from tvm import relax, s_tir
+from tvm import s_tir
 from tvm.relax import op
 
 from tests.schedule.kernels import HOST, NPU, attention_kernel, fused_kernel

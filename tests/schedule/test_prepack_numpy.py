@@ -169,9 +169,9 @@ def test_folding_packs_like_fold_constant_on_a_scheduled_gemm():
               relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers(), _schedule_gemms,
               relax.transform.SplitLayoutRewritePreproc()]
     split = tvm.transform.Sequential(passes)(bb.get())
-    assert any(gv.name_hint.endswith("_weight_prepack") for gv in split.functions.keys())
+    assert any(gv.name_hint.endswith("_weight_prepack") for gv in split.functions)
     ours = relax.transform.DeadCodeElimination()(fold_constant_copies(split))
-    assert not any(gv.name_hint.endswith("_weight_prepack") for gv in ours.functions.keys())
+    assert not any(gv.name_hint.endswith("_weight_prepack") for gv in ours.functions)
     ref = relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(split))
     a, r = _constants(ours), _constants(ref)
     assert len(a) == len(r) >= 2 and any(c.ndim == 3 for c in a)      # the packed (N/nr, K, nr) weight

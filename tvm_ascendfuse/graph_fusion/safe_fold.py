@@ -48,7 +48,7 @@ def has_foldable_call(mod: tvm.IRModule) -> bool:
                 and all(_constant_like(a, bound) for a in e.args):
             found.append(e)
 
-    for _, func in mod.functions.items():
+    for func in mod.functions.values():
         if not isinstance(func, relax.Function):
             continue
         for block in getattr(func.body, "blocks", []):
