@@ -16,6 +16,8 @@ from .graph_fusion import GRAPH_FUSION_PASSES
 from .graph_fusion.safe_fold import SafeFoldConstant
 from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
 from .grouping import COST_BASED_FUSION, CostBasedFusionPass, PatternFusionPass
+from .grouping.chain import CHAINED_GEMM
+from .grouping.cost import GroupingConfig
 from .analysis.verify_ub import VerifyUBCapacity
 from .passbase import PyPass
 from .schedule.apply import ScheduleKernels
@@ -42,7 +44,8 @@ def ub_fusion_phase(target, switches, report, tvm_target):
 
     The cost-based grouping replaces TVM's FuseOps; FuseOps is the fallback when it is switched off."""
     if switches.is_on(COST_BASED_FUSION):
-        grouping = CostBasedFusionPass(target, report)
+        chained = switches.is_on(CHAINED_GEMM)
+        grouping = CostBasedFusionPass(target, report, GroupingConfig(allow_chained_gemm=chained))
     else:
         report.touch(COST_BASED_FUSION)
         grouping = relax.transform.FuseOps()

@@ -14,6 +14,8 @@ from tvm_ascendfuse.target import get_target
 
 from .kernels import NATIVE, check_rule, fused_kernel
 
+ON = {"ChainedGemmFusionPass": "on"}
+
 
 def ffn_ln(m, k, f):
     return ([(m, k), (k, f), (f,), (f, k), (k,), (k,), (k,)],
@@ -69,7 +71,7 @@ def _ffn_module(rows, k, f, seed=0):
 @pytest.mark.parametrize("target", ["ascend910b", "ascend310p"])
 @pytest.mark.parametrize("rows,k,f", [(16, 32, 128), (13, 24, 72)])
 def test_pipeline_one_kernel_within_ub(target, rows, k, f):
-    result = assert_same_numbers(_ffn_module(rows, k, f), target=target)
+    result = assert_same_numbers(_ffn_module(rows, k, f), target=target, switches=ON)
     assert kernel_count(result) == 1
     assert list(result.report.sections["schedules"].values()) == ["chained-matmul"]
     npu = get_target(target)
@@ -78,3 +80,10 @@ def test_pipeline_one_kernel_within_ub(target, rows, k, f):
             usage = kernel_usage(gv.name_hint, func, npu)
             ub = sum(a.aligned or 0 for a in usage.allocations if a.scope == "local.UB")
             assert 0 < ub <= npu.ub_usable, (gv.name_hint, ub)
+
+
+def test_switch_is_off_by_default_and_refusal_is_reported():
+    result = assert_same_numbers(_ffn_module(16, 32, 128))
+    assert kernel_count(result) == 2
+    refused = result.report.get("CostBasedFusionPass").not_effective
+    assert any("chained GEMMs switched off" in r.get("why", "") for r in refused)

@@ -148,12 +148,12 @@ class ChainedGemmRule(ScheduleRule):
         fdom = [extent(sch, l) for l in sch.get_loops(first[0])]
         if any(d is None for d in sdom + fdom) or len(sdom) < 3:
             return None
-        n2, n1, k1 = sdom[-2], sdom[-1], fdom[-1]
+        n2, n1 = sdom[-2], sdom[-1]
         rows = math.prod(sdom[:-2])
         lanes = vector_lanes(host, 32)
         v1 = vector_width_for(n1, lanes)
         panel = v1 * _largest_divisor(n1 // v1, max(1, PANEL // v1))
-        check = chain_row_block(k1, n1, n2, panel, len(first), rows, target, 4)
+        check = chain_row_block(n1, n2, panel, len(first), rows, target, 4)
         if not check.fits:
             self.note = f"one row needs {check.needed_bytes} B of UB > {check.available_bytes} B"
             return None
