@@ -54,3 +54,36 @@ def test_declines_single_matmul_and_softmax():
     rule = AttentionRule()
     assert rule.apply(fused_kernel(lambda a, b: op.matmul(a, b), [(8, 16), (16, 4)]), NPU, None) is None
     assert rule.apply(fused_kernel(lambda a: op.nn.softmax(a), [(8, 16)]), NPU, None) is None
+
+
+def merged_head_split_kernel(h=4, s=32, d=16):
+    """Attention whose Q, K, V are slices of one merged projection (1, s, 3·h·d), cut into heads."""
+    hid = h * d
+
+    def build(qkv):
+        def part(i, perm):
+            y = op.strided_slice(qkv, axes=[2], begin=[i * hid], end=[(i + 1) * hid])
+            return op.permute_dims(op.reshape(y, (1, s, h, d)), perm)
+        scores = op.multiply(op.matmul(part(0, [0, 2, 1, 3]), part(1, [0, 2, 3, 1])), relax_const(d ** -0.5))
+        return op.matmul(op.nn.softmax(scores, -1), part(2, [0, 2, 1, 3]))
+    return fused_kernel(build, [(1, s, 3 * hid)])
+
+
+def relax_const(v):
+    from tvm import relax
+    return relax.const(v, "float32")
+
+
+def test_merged_head_split_panels_per_head():
+    """Heads cut out of a merged projection: V is read in place by P·V (no per-block copy), Kᵀ is staged
+    once per head (outside the query-block loop), and the numbers match the unscheduled kernel."""
+    mod = check_rule(AttentionRule(), merged_head_split_kernel())
+    lines = mod["main"].script().splitlines()
+    row_loop = next(i for i, line in enumerate(lines) if line.strip().startswith("for ax1_0 in"))
+    kt = next(i for i, line in enumerate(lines) if 'sblock("T_transpose1")' in line)
+    assert kt < row_loop                                   # Kᵀ gathered before the query-block loop
+    pv = next(i for i, line in enumerate(lines) if 'sblock("matmul1_update")' in line)
+    reads = next(line for line in lines[pv:] if "T.reads(" in line)
+    assert "p0[" in reads                                  # P·V reads V in the merged projection
+    staged = [line for line in lines if "sblock_alloc_buffer" in line and "transpose" in line]
+    assert len(staged) == 2, staged                        # Q rows and Kᵀ; no V copy

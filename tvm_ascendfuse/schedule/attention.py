@@ -34,6 +34,15 @@ def is_cheap(sch, block) -> bool:
     return not found
 
 
+def is_copy(sch, block) -> bool:
+    """A pure layout stage (transpose / reshape / slice): its value is one load of another buffer."""
+    body = sch.get(block).body
+    value = body.value if isinstance(body, tirx.BufferStore) else None
+    while isinstance(value, tirx.Cast):
+        value = value.value
+    return isinstance(value, tvm.ir.expr.TensorLoad)
+
+
 class AttentionRule(ScheduleRule):
     """Two contractions with a row softmax between them (Q·Kᵀ → softmax → ·V), batched over heads."""
 
@@ -98,6 +107,9 @@ class AttentionRule(ScheduleRule):
                 continue
             if len(consumers) > 1 and not feeds_product and is_cheap(sch, blk) and ok(sch.compute_inline, blk):
                 continue
+            if (pos > i1 and is_copy(sch, blk) and not _row_indexed(sch, c2.block_rv, blk)
+                    and ok(sch.compute_inline, blk)):
+                continue    # V cut out of a merged projection: P·V reads it in place, rows contiguous
             staged.append(blk)
             if pos > i1:
                 row_stages.append(blk)
