@@ -1,6 +1,8 @@
 """ChainedGemmRule: FFN up-projection (+ activation / SwiGLU pair) -> down-projection (+ residual, norm) in one
 kernel, per row block; against the unscheduled kernel, and through the whole pipeline with constant weights."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -12,7 +14,7 @@ from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.chained_gemm import ChainedGemmRule
 from tvm_ascendfuse.target import get_target
 
-from .kernels import NATIVE, check_rule, fused_kernel
+from .kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
 
 ON = {"ChainedGemmFusionPass": "on"}
 
@@ -39,6 +41,34 @@ def test_matches_unscheduled(shapes_build):
     rule = ChainedGemmRule()
     check_rule(rule, fused_kernel(build, shapes))
     assert rule.note and "row block" in rule.note
+
+
+def _scopes(sch):
+    return {str(b.scope()) for b in sch.mod["main"].body.block.alloc_buffers}
+
+
+@pytest.mark.parametrize("shapes_build", [ffn_ln(16, 32, 64), swiglu(6, 8, 24)])
+def test_accumulator_rows_in_l0c_no_partial_product_buffer(shapes_build):
+    """The second product accumulates in place into its rows (in L0C: a scope apart from the UB panel,
+    which keeps its register tile in registers on the host), zeroed once: no per-panel partial product."""
+    shapes, build = shapes_build
+    sch = ChainedGemmRule().apply(fused_kernel(build, shapes), NPU, HOST)
+    assert "local.L0C" in _scopes(sch)
+    names = [b.name for b in sch.mod["main"].body.block.alloc_buffers]
+    assert not any(n.endswith("_rf") for n in names), names
+    check_rule(ChainedGemmRule(), fused_kernel(build, shapes))
+
+
+@pytest.mark.parametrize("l0c,scope,rows", [(2 * 32 * 4, "local.L0C", 2), (64, "local.UB", 8)])
+def test_row_block_capped_by_l0c_or_accumulator_in_ub(l0c, scope, rows):
+    """A small L0C caps the row block (its accumulator rows must fit); when not even one row fits, the
+    accumulator stays in UB — same numbers either way."""
+    shapes, build = ffn_ln(16, 32, 64)
+    npu = dataclasses.replace(NPU, l0c_bytes=l0c)
+    rule = ChainedGemmRule()
+    sch = check_rule(rule, fused_kernel(build, shapes), target=npu)
+    assert f"row block {rows} rows" in rule.note, rule.note
+    assert scope in _scopes(rule.apply(fused_kernel(build, shapes), npu, HOST))
 
 
 def test_avx512_widths():
@@ -80,6 +110,8 @@ def test_pipeline_one_kernel_within_ub(target, rows, k, f):
             usage = kernel_usage(gv.name_hint, func, npu)
             ub = sum(a.aligned or 0 for a in usage.allocations if a.scope == "local.UB")
             assert 0 < ub <= npu.ub_usable, (gv.name_hint, ub)
+            l0c = sum(a.aligned or 0 for a in usage.allocations if a.scope == "local.L0C")
+            assert 0 < l0c <= npu.capacity("local.L0C"), (gv.name_hint, l0c)
 
 
 def test_switch_is_off_by_default_and_refusal_is_reported():

@@ -1,20 +1,25 @@
 """ChainedGemmRule: two GEMMs in one kernel, the first one's result (after its bias/activation, or SwiGLU's
 ``silu(x·Wg) * (x·Wu)``) being the second one's row operand — the FFN's up- and down-projection.
 
-The kernel walks blocks of ``m`` rows (parallel over the cores). For one row block, the second product's
-reduction axis (the intermediate's columns) is walked one panel of ``PANEL_COLS`` columns at a time:
+The kernel walks blocks of ``m`` rows (parallel over the cores). For one row block, the accumulator rows
+(``m x n2``) are zeroed once, then the second product's reduction axis (the intermediate's columns) is walked
+one panel of ``PANEL_COLS`` columns at a time:
 
 * the first product(s) compute that panel of the intermediate in ``mr x nr`` register tiles over the input
   rows, and the activation turns it into the panel, in ``local.UB`` (``m x panel``);
-* the second product multiplies the panel into an ``mr x nr`` register tile (a small ``local.UB`` buffer:
-  ``rfactor`` over the panels makes each panel's product complete), which is added into the ``m x n2``
-  accumulator rows in ``local.UB``;
+* the second product multiplies the panel into the accumulator rows, one ``mr x nr`` register tile at a
+  time (loaded, updated over the panel's ``k``, stored back). The accumulator rows live in ``local.L0C``
+  (the cube's accumulator, which holds partial sums across K on the NPU) when ``m`` rows fit it, else in
+  ``local.UB``. On the host the separate scope matters: sharing one UB allocation with the panel, LLVM
+  could not tell the tile from the panel it reads and stored the tile after every FMA (1.6x slower);
 * after the last panel, the epilogue (bias, residual; recomputed where read) and, when present, the row
   norm run on the accumulator rows, and the rows are written out.
 
 The intermediate never exists in GM, nor whole in UB; the weights are read once per row block (pre-packed at
 compile time into the order the tiles read them). ``m`` comes from ``grouping/chain.chain_row_block`` (the
-same UB budget the grouping pass checked), cut to a divisor of the row count and to rows / host cores.
+same UB budget the grouping pass checked), cut to what L0C holds, to a divisor of the row count and to
+rows / host cores. The weights are streamed once per row block: with UB's budget (``m`` = 32 rows for a
+768- or 1024-wide output) that is rows / 32 times per call, against about once for two separate GEMMs.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from tvm import s_tir, tirx
 from ..grouping.chain import PANEL_COLS as PANEL
 from ..grouping.chain import chain_row_block
 from ..target import AscendTarget, get_target
-from .base import UB_SCOPE, ScheduleRule
+from .base import L0C_SCOPE, UB_SCOPE, ScheduleRule
 from .common import (
     extent,
     innermost_vector,
@@ -159,6 +164,11 @@ class ChainedGemmRule(ScheduleRule):
             return None
         cores = num_cores(host)
         m = _largest_divisor(rows, min(check.tile_elems, max(1, rows // max(1, cores))))
+        # the accumulator rows in L0C (the cube accumulates there across the panels) when they fit, else UB
+        acc_row = target.align_up(n2 * 4, "l0c")
+        acc_scope = L0C_SCOPE if acc_row <= target.capacity(L0C_SCOPE) else UB_SCOPE
+        if acc_scope == L0C_SCOPE:
+            m = _largest_divisor(rows, min(m, target.capacity(L0C_SCOPE) // acc_row))
 
         # weights pre-packed into the column panels the register blocks walk
         v2 = vector_width_for(n2, lanes)
@@ -171,14 +181,10 @@ class ChainedGemmRule(ScheduleRule):
             self._prepack(sch, f, nvec1 * v1)
         self._prepack(sch, second, nvec2 * v2, panel)
 
-        # the second product per panel of its reduction axis: a complete product into a register tile, added
-        # into the m x n2 accumulator rows (rfactor over the panels; the tile is a small UB buffer, which
-        # stays in registers on the host)
-        sch.set_scope(second, 0, UB_SCOPE)
-        stmt = sch.get(second)
-        red = next(i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type == tirx.IterVar.CommReduce)
-        kp, _ = sch.split(loops_by_iter(sch, second)[red], [None, panel])
-        rf = sch.rfactor(kp, 0)
+        # the second product accumulates into the m x n2 accumulator rows, panel after panel. Its own scope
+        # (L0C) is also what keeps its register tiles in registers on the host: in one UB allocation with
+        # the panel it reads, LLVM could not prove them apart and stored the tile after every FMA (1.6x)
+        sch.set_scope(second, 0, acc_scope)
 
         # anchor: rows of the output block, m at a time; every other stage at that row-block loop
         out = get(after[-1])
@@ -195,24 +201,26 @@ class ChainedGemmRule(ScheduleRule):
         if cores > 1 and rows // m > 1:
             sch.parallel(rb)              # before any decompose_reduction (parallel needs whole reductions)
 
-        # the second product walks the intermediate one column panel at a time (its reduction axis):
-        # the panel is computed (first product(s) + activation) right before it, in UB
-        rloops = sch.get_loops(rf)
-        at = next(i for i, l in enumerate(rloops) if sch.get(l).same_as(sch.get(rb)))
-        rkp = _loop_driving(sch, rf, 0)
-        sch.reorder(rkp, *[l for l in rloops[at + 1:] if not sch.get(l).same_as(sch.get(rkp))
-                           and not _loop_of_reduction(sch, rf, l)])
-        sch.compute_at(inter, rkp, preserve_unit_loops=True)
+        # the second product walks the intermediate one column panel at a time (its reduction axis), the
+        # panel loop outside its row and column loops: the panel is computed (first product(s) + activation)
+        # right before it, in UB; the accumulator rows are zeroed once per row block (the init, above the
+        # panel loop)
+        sloops = sch.get_loops(second)
+        at = next(i for i, l in enumerate(sloops) if sch.get(l).same_as(sch.get(rb)))
+        red = next(l for l in sloops[at + 1:] if _loop_of_reduction(sch, second, l))
+        skp, _ = sch.split(red, [None, panel])
+        sloops = sch.get_loops(second)
+        sch.reorder(skp, *[l for l in sloops[at + 1:] if not _loop_of_reduction(sch, second, l)])
+        sch.compute_at(inter, skp, preserve_unit_loops=True)
         sch.set_scope(inter, 0, UB_SCOPE)
         innermost_vector(sch, inter, lanes)
         for f in first:
-            sch.compute_at(f, rkp, preserve_unit_loops=True)
+            sch.compute_at(f, skp, preserve_unit_loops=True)
             sch.set_scope(f, 0, UB_SCOPE)
             self._tile(sch, f, mr1, nvec1, v1, whole=True)
-        i0 = self._tile(sch, rf, mr2, nvec2, v2, whole=False)
-        sch.set_scope(rf, 0, UB_SCOPE)
-        sch.reverse_compute_at(second, i0, preserve_unit_loops=True)
-        innermost_vector(sch, second, v2)
+        self._tile(sch, second, mr2, nvec2, v2, whole=False)
+        init = sch.decompose_reduction(second, skp)   # after the tiling: vectorize needs the whole reduction
+        innermost_vector(sch, init, lanes)
         for n in after[:-1]:
             blk = try_(get, n)
             if blk is None:
@@ -253,8 +261,9 @@ class ChainedGemmRule(ScheduleRule):
     def _tile(sch, block, mr, nvec, v, whole):
         """Register block ``mr x (nvec*v)``: loops ``j0, i0, k0, k1, i1, j1, j2``, i1/j1/k1 unrolled, j2 the
         vector. ``whole``: the block's reduction is complete under its loops, its accumulator tile is a UB
-        buffer written back per tile (cache_write); else (a reduction split across panels) the tile is read
-        from and written back to the accumulator rows around the k loop (cache_inplace)."""
+        buffer written back per tile (cache_write); else (the second product, its reduction split across
+        panels) the block accumulates into its accumulator rows in place, and the caller decomposes its init
+        above the panel loop; LLVM keeps the tile in registers over the ``k`` loop."""
         stmt = sch.get(block)
         kinds = [iv.iter_type for iv in stmt.iter_vars]
         spatial = [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar]
@@ -277,20 +286,9 @@ class ChainedGemmRule(ScheduleRule):
             sch.reverse_compute_at(copy, i0, preserve_unit_loops=True)
             innermost_vector(sch, copy, v)
             init = try_(sch.decompose_reduction, block, k0)
-        else:
-            init = try_(sch.decompose_reduction, block, k0)
-        if init is not None:
-            innermost_vector(sch, init, v)
+            if init is not None:
+                innermost_vector(sch, init, v)
         return i0
-
-
-def _loop_driving(sch, block, iter_index: int):
-    """The loop whose variable binds the block's ``iter_index``-th iterator."""
-    from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
-
-    realize = _get_realize(sch, block)
-    used = {v.name for v in collect_vars_used_in_prim_expr(realize.iter_values[iter_index])}
-    return next(l for l in sch.get_loops(block) if sch.get(l).loop_var.name in used)
 
 
 def _loop_of_reduction(sch, block, loop) -> bool:
