@@ -10,6 +10,7 @@ from tvm.relax import op
 
 from tests.schedule.kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.common import num_cores
 from tvm_ascendfuse.schedule.conv import Conv2dRule, choose_conv_tiles
 from tvm_ascendfuse.schedule.hostvec import HostVector
 from tvm_ascendfuse.target import get_target
@@ -206,3 +207,29 @@ def test_strided_pointwise_gathers_its_input_once(xs, ws, residual):
     script = check_rule(Conv2dRule(), func, host=NATIVE).script()
     assert "conv_subsample" in script
     assert "conv_subsample" not in Conv2dRule(subsample_strided=False).apply(func, NPU, NATIVE).mod.script()
+
+
+def test_row_blocks_are_a_multiple_of_the_cores():
+    from tvm_ascendfuse.schedule.conv import _row_blocks
+
+    assert _row_blocks(56, 2) == 4 and _row_blocks(112, 2) == 8 and _row_blocks(8, 2) == 2
+    assert _row_blocks(56, 4) == 4 and _row_blocks(48, 3) == 3
+    assert _row_blocks(13, 2) is None and _row_blocks(7, 2) is None     # odd or short: padded at the root
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad", [((2, 8, 16, 12), (32, 8, 3, 3), 1, 1),
+                                              ((1, 3, 32, 32), (16, 3, 7, 7), 2, 3)])
+def test_input_padded_inside_the_parallel_row_blocks(xs, ws, stride, pad):
+    """3x3 / 7x7-s2 convs on small-channel inputs: each parallel task pads the input rows of its own block
+    of output rows (one parallel region, halo rows padded by both neighbours), exact across block edges and
+    batches; the task count is a multiple of the host's cores."""
+    func = fused_kernel(conv_bias_relu(stride, pad), [xs, ws, (1, ws[0], 1, 1)]).with_attr(
+        "layout_free_buffers", [1])
+    script = check_rule(Conv2dRule(), func, host=NATIVE).script()
+    parallel = [line for line in script.splitlines() if "T.parallel" in line]
+    assert len(parallel) == 1 and "yy_0" in parallel[0], parallel          # no separate pad region
+    assert script.index("T.parallel") < script.index('T.sblock("pad_temp")')
+    extent = int(parallel[0].split("T.int64(")[1].split(")")[0])
+    assert extent % (xs[0] * num_cores(NATIVE)) == 0
+    old = Conv2dRule(pad_in_task=False).apply(func, NPU, NATIVE).mod.script()
+    assert old.count("T.parallel") == 2                                    # the root-level pad region
