@@ -8,7 +8,7 @@ from tvm import relax
 from tests.grouping.util import build, check_equivalent
 from tvm_ascendfuse.analysis.traffic import count_primfunc
 from tvm_ascendfuse.grouping.cost import GroupingConfig
-from tvm_ascendfuse.report import CHECK_FAILED, UB_OVERFLOW
+from tvm_ascendfuse.report import CHECK_FAILED, NOT_PROFITABLE, UB_OVERFLOW
 
 PASS = "CostBasedFusionPass"
 op = relax.op
@@ -87,3 +87,15 @@ def test_not_a_chain_when_the_intermediate_is_the_weight_side():
     _, report, _, after = check_equivalent(build([(16, 8), (8, 24), (4, 16)], body))
     assert after == 2
     assert any("last axis" in r.get("why", "") for r in refusals(report, CHECK_FAILED))
+
+
+def test_chain_refused_when_intermediate_is_small_next_to_the_weights():
+    # 4 rows through two 64x64 weights: the intermediate round trip (2 KB) is 1/16 of the weight bytes that a
+    # chain streams again per row block, below the 0.1 default; with the limit at 0 the same graph chains
+    _, report, before, after = check_equivalent(ffn(4, 64, 64, with_ln=False))
+    assert after == 2
+    [r] = [r for r in refusals(report, NOT_PROFITABLE) if "saving_vs_weights" in r]
+    assert r["saving_vs_weights"] == 0.0625 and r["limit"] == 0.1
+    _, _, _, after = check_equivalent(ffn(4, 64, 64, with_ln=False),
+                                      config=GroupingConfig(chain_min_saving_vs_weights=0.0))
+    assert after == 1

@@ -114,8 +114,9 @@ def test_pipeline_one_kernel_within_ub(target, rows, k, f):
             assert 0 < l0c <= npu.capacity("local.L0C"), (gv.name_hint, l0c)
 
 
-def test_switch_is_off_by_default_and_refusal_is_reported():
-    result = assert_same_numbers(_ffn_module(16, 32, 128))
+def test_switch_is_on_by_default_and_off_is_reported():
+    assert kernel_count(assert_same_numbers(_ffn_module(16, 32, 128))) == 1
+    result = assert_same_numbers(_ffn_module(16, 32, 128), switches={"ChainedGemmFusionPass": "off"})
     assert kernel_count(result) == 2
     refused = result.report.get("CostBasedFusionPass").not_effective
     assert any("chained GEMMs switched off" in r.get("why", "") for r in refused)

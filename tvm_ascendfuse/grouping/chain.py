@@ -24,14 +24,15 @@ from tvm.s_tir import stmt as sstmt
 from ..switches import UB_FUSION, register_switch
 from .capacity import CapacityCheck, row_block_check
 
-# Off by default: on this CPU host the chained kernel is as fast as the two GEMM kernels it replaces when each
-# core has one row block (W6, 64 rows: 1.02x), but ~1.1x slower when UB's row budget (32 rows for a 768-wide
-# output) leaves two per core (W3's FFN, 128 rows): the weights are streamed once per row block. The NPU
-# model counts it as a win.
+# On by default. A chain keeps the intermediate out of GM but streams both weights once per row block (from L2
+# on the NPU), which the byte model does not charge; GroupingConfig.chain_min_saving_vs_weights (grouping.py)
+# therefore keeps only chains whose intermediate round trip is a clear share of their weights: the wide FFN
+# intermediates of W3/W7 chain, equal-width MLP layers (W6) do not. On this CPU host a chain with two row
+# blocks per core measured ~1.1x the time of the two separate kernels (W3 FFN), parity at one per core.
 CHAINED_GEMM = register_switch(
     "ChainedGemmFusionPass", UB_FUSION,
     "cost-based grouping may chain two GEMMs (FFN up->down projection) in one kernel, per row block",
-    default_on=False)
+    default_on=True)
 
 ELEMWISE, BROADCAST, INJECTIVE, REDUCE, OUT_EWISE = 0, 1, 2, 3, 4
 PANEL_COLS = 64       # columns of the intermediate computed per step (the second product's K chunk)
@@ -48,6 +49,11 @@ class Chain:
     n1: int               # width of the intermediate (reduction length of the second product)
     n2: int               # width of the second product's output
     norm: bool            # a row reduction (LayerNorm/RMSNorm) follows the second product
+
+    def saving_vs_weights(self) -> float:
+        """GM bytes the chain saves (the intermediate written and read back) per byte of its weights."""
+        weights = len(self.first) * self.k1 * self.n1 + self.n1 * self.n2
+        return 2 * self.rows * self.n1 / weights if weights else 0.0
 
     def capacity(self, dtype_bytes: int, target) -> CapacityCheck:
         return chain_row_block(self.n1, self.n2, min(self.n1, PANEL_COLS), len(self.first), self.rows, target,

@@ -592,6 +592,14 @@ class CostBasedFusionPass(PyPass):
                       "modeled_gain_us": round(before - after, 4)}
             if not accept(before - after, before, cfg):
                 return None, members, detail, NOT_PROFITABLE
+            chain = model.chain(members)
+            if isinstance(chain, Chain) and chain.saving_vs_weights() < cfg.chain_min_saving_vs_weights:
+                # the model counts the chain's weights once, but they are streamed again for every row block
+                # (from L2): chain only when the intermediate's round trip is a clear share of those weights
+                detail.update(why="intermediate round trip small next to the re-streamed weights",
+                              saving_vs_weights=round(chain.saving_vs_weights(), 4),
+                              limit=cfg.chain_min_saving_vs_weights)
+                return None, members, detail, NOT_PROFITABLE
             return before - after, members, detail, None
 
         heap: list = []
