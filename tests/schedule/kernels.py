@@ -94,3 +94,16 @@ def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=
     for x, y in zip(a, b):      # inputs stay equal; every output must match
         np.testing.assert_allclose(y.numpy().astype("float64"), x.numpy().astype("float64"), **tol(dtype))
     return sch.mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="ScheduleGemmsForTest")
+def schedule_gemms(mod, _ctx):
+    """The Matmul rule on every PrimFunc it accepts (NATIVE host), as the schedule phase would."""
+    from tvm_ascendfuse.schedule.matmul import MatmulRule
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tirx.PrimFunc):
+            sch = MatmulRule().apply(func, NPU, NATIVE)
+            if sch is not None:
+                mod[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return mod

@@ -1,7 +1,7 @@
 """The schedule phase's cheap pre-checks: they must only skip work whose answer is known.
 
-* ``product_blocks`` counts what ``reduction.is_contraction`` calls products, without a schedule; rules
-  that need two products are not tried on a kernel with fewer (the rule chosen stays the same).
+* ``product_blocks`` counts what ``reduction.is_contraction`` calls products, without a schedule; a rule
+  whose ``min_products`` is above the count is not tried (the rule chosen stays the same).
 * ``_symbolic_on_chip`` skips the compaction analysis when every parameter has a static shape.
 """
 
@@ -49,8 +49,10 @@ def test_product_count_matches_is_contraction(name):
 def test_skipping_multi_product_rules_keeps_the_chosen_rule(name, monkeypatch):
     func = KERNELS[name][0]()
     fast = ap.ApplyUBSchedules(NPU).schedule_one("k", func, HOST)
-    monkeypatch.setattr(ap, "MULTI_PRODUCT_RULES", frozenset())
-    slow = ap.ApplyUBSchedules(NPU).schedule_one("k", func, HOST)
+    unskipped = ap._rule_instances(ap.DEFAULT_RULES)
+    for rule in unskipped:
+        monkeypatch.setattr(rule, "min_products", 0)
+    slow = ap.ApplyUBSchedules(NPU, rules=unskipped).schedule_one("k", func, HOST)
     assert fast[1] == slow[1] is not None
 
 

@@ -66,7 +66,7 @@ def test_row_block_capped_by_l0c_or_accumulator_in_ub(l0c, scope, rows):
     shapes, build = ffn_ln(16, 32, 64)
     npu = dataclasses.replace(NPU, l0c_bytes=l0c)
     rule = ChainedGemmRule()
-    sch = check_rule(rule, fused_kernel(build, shapes), target=npu)
+    check_rule(rule, fused_kernel(build, shapes), target=npu)
     assert f"row block {rows} rows" in rule.note, rule.note
     assert scope in _scopes(rule.apply(fused_kernel(build, shapes), npu, HOST))
 

@@ -10,7 +10,7 @@ from tvm import relax, tirx
 from tvm.relax import op
 
 from tests.helpers import tol
-from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
+from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel, schedule_gemms
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.matmul import MatmulRule, choose_tiles, find_gemm
 from tvm_ascendfuse.schedule.hostvec import HostVector, host_vector
@@ -131,22 +131,12 @@ def _relax_linear(w, b, m=16):
     return bb.get()
 
 
-@tvm.transform.module_pass(opt_level=0, name="ScheduleGemmsForTest")
-def _schedule_gemms(mod, _ctx):
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, tirx.PrimFunc):
-            sch = MatmulRule().apply(func, get_target("ascend910b"), NATIVE)
-            if sch is not None:
-                mod[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    return mod
-
-
 def _build(mod, prepack_passes=True):
     passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
               relax.transform.FuseTIR()]
     if prepack_passes:
         passes.append(relax.transform.AttachAttrLayoutFreeBuffers())
-    passes.append(_schedule_gemms)
+    passes.append(schedule_gemms)
     if prepack_passes:
         passes += [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
                    relax.transform.DeadCodeElimination()]
@@ -188,7 +178,7 @@ def test_prepack_pass_folds_packing_and_leaves_other_modules_alone():
     fused = tvm.transform.Sequential(passes)(_relax_linear(w, b, m=8))
     assert not has_prepack_blocks(fused)
     assert PrepackConstantWeights()(fused).same_as(fused)
-    scheduled = _schedule_gemms(fused)
+    scheduled = schedule_gemms(fused)
     assert has_prepack_blocks(scheduled)
     out = PrepackConstantWeights()(scheduled)
     names = [gv.name_hint for gv, f in out.functions.items() if isinstance(f, tirx.PrimFunc)]
@@ -241,7 +231,7 @@ def test_mark_constant_weights_keeps_names_and_needs_every_call_constant():
         assert all(i in free for i, a in enumerate(args) if isinstance(a, tvm.ir.GenericConst))
         seen_weight |= any(isinstance(args[i], tvm.ir.GenericConst) and len(args[i].ty.shape) == 2 for i in free)
     assert seen_weight
-    out = PrepackConstantWeights()(_schedule_gemms(marked))
+    out = PrepackConstantWeights()(schedule_gemms(marked))
     xv, wv = rng.standard_normal((8, 24)).astype("float32"), rng.standard_normal((24, 32)).astype("float32")
     res = relax.VirtualMachine(tvm.compile(out, target=NATIVE), tvm.cpu())["main"](
         tvm.runtime.tensor(xv), tvm.runtime.tensor(wv)).numpy()

@@ -15,10 +15,8 @@ from tvm.relax import op
 from tvm.script import tirx as T
 
 from tests.helpers import assert_same_numbers, tol
-from tests.schedule.kernels import NATIVE
-from tvm_ascendfuse.schedule.matmul import MatmulRule
+from tests.schedule.kernels import NATIVE, schedule_gemms
 from tvm_ascendfuse.schedule.prepack import NotACopy, eval_copy_outputs, eval_copy_primfunc, fold_constant_copies
-from tvm_ascendfuse.target import get_target
 
 
 @T.prim_func(private=True, s_tir=True)
@@ -139,16 +137,6 @@ def test_non_copies_are_declined(func):
         eval_copy_primfunc(func, [np.ones([int(d) for d in t.shape], dtype=str(t.dtype))])
 
 
-@tvm.transform.module_pass(opt_level=0, name="ScheduleGemmsForTest")
-def _schedule_gemms(mod, _ctx):
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, tirx.PrimFunc):
-            sch = MatmulRule().apply(func, get_target("ascend910b"), NATIVE)
-            if sch is not None:
-                mod[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    return mod
-
-
 def _constants(mod):
     found = []
     relax.analysis.post_order_visit(mod["main"].body, lambda e: found.append(e.value.numpy())
@@ -166,7 +154,7 @@ def test_folding_packs_like_fold_constant_on_a_scheduled_gemm():
             out = bb.emit_output(op.nn.relu(op.add(op.matmul(x, relax.const(w)), relax.const(b))))
         bb.emit_func_output(out)
     passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
-              relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers(), _schedule_gemms,
+              relax.transform.FuseTIR(), relax.transform.AttachAttrLayoutFreeBuffers(), schedule_gemms,
               relax.transform.SplitLayoutRewritePreproc()]
     split = tvm.transform.Sequential(passes)(bb.get())
     assert any(gv.name_hint.endswith("_weight_prepack") for gv in split.functions)

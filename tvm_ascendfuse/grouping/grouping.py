@@ -84,6 +84,7 @@ class _Model:
 
     def __init__(self, nodes: list[Node], target: AscendTarget, cfg: GroupingConfig):
         self.nodes, self.target, self.cfg = nodes, target, cfg
+        self._chains: dict[tuple, Chain | str | None] = {}   # cost, capacity and structure all ask per candidate
 
     # external inputs: key -> (bytes, elems, dtype)
     def inputs(self, members: list[int]) -> dict:
@@ -172,7 +173,10 @@ class _Model:
             return None
         if not self.cfg.allow_chained_gemm:
             return "two cube ops in one kernel (chained GEMMs switched off)"
-        return find_chain(self.nodes, members, self.var_node)
+        key = tuple(sorted(members))
+        if key not in self._chains:
+            self._chains[key] = find_chain(self.nodes, members, self.var_node)
+        return self._chains[key]
 
     def capacity(self, members, outs, ins):
         chain = self.chain(members)
@@ -593,11 +597,12 @@ class CostBasedFusionPass(PyPass):
             if not accept(before - after, before, cfg):
                 return None, members, detail, NOT_PROFITABLE
             chain = model.chain(members)
-            if isinstance(chain, Chain) and chain.saving_vs_weights() < cfg.chain_min_saving_vs_weights:
+            saving = chain.saving_vs_weights() if isinstance(chain, Chain) else None
+            if saving is not None and saving < cfg.chain_min_saving_vs_weights:
                 # the model counts the chain's weights once, but they are streamed again for every row block
                 # (from L2): chain only when the intermediate's round trip is a clear share of those weights
                 detail.update(why="intermediate round trip small next to the re-streamed weights",
-                              saving_vs_weights=round(chain.saving_vs_weights(), 4),
+                              saving_vs_weights=round(saving, 4),
                               limit=cfg.chain_min_saving_vs_weights)
                 return None, members, detail, NOT_PROFITABLE
             return before - after, members, detail, None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..analysis.ub_usage import kernel_usage, normalize_scope_aliases
 from ..passbase import PyPass
@@ -24,9 +23,9 @@ from .fallback import FallbackRule
 from .fast_math import use_fast_math
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
-from .prepack import FoldConstantCopies
+from .prepack import PrepackConstantWeights
 from .pool import PoolRule
-from .reduction import GemmNormRule, ReductionRule
+from .reduction import GemmNormRule, ReductionRule, is_product_block
 from .tuned import TunedRecordRule, open_database, records_dir
 
 # Most specific first. Attention (two products around a softmax) and several independent products
@@ -41,32 +40,12 @@ def default_rules(target: AscendTarget) -> list:
     return tuned + _rule_instances(DEFAULT_RULES)
 
 
-# Rules that schedule two or more products decline a kernel with fewer; counting products is one walk over
-# the blocks, where each rule's own analysis first builds a schedule (tens of ms per rule and kernel).
-MULTI_PRODUCT_RULES = frozenset({"attention", "multi-matmul", "chained-matmul"})
-
-
 def product_blocks(func: tirx.PrimFunc) -> int:
-    """Blocks that ``reduction.is_contraction`` calls products (A[i, k] * B[k, j]: two reads indexed by a
-    reduction var, each with a spatial var the other lacks), counted on the function without a schedule."""
+    """GEMM-like blocks (``reduction.is_product_block``) of a kernel, counted without building a schedule:
+    a rule with ``min_products`` above the count is not tried (each rule's own analysis builds a schedule
+    first, tens of ms per rule and kernel)."""
     found = []
-
-    def visit(block):
-        rvars = {iv.var.name for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-        if not rvars:
-            return
-        svars = {iv.var.name for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
-        used = []
-        for region in block.reads:
-            names = set()
-            for r in region.region:
-                names |= {v.name for v in collect_vars_used_in_prim_expr(r.min)}
-            if names & rvars:
-                used.append(names & svars)
-        if any(a - b and b - a for a in used for b in used):
-            found.append(block)
-
-    tvm_ffi.structural_walk(func, (s_tir.SBlock, visit))
+    tvm_ffi.structural_walk(func, (s_tir.SBlock, lambda b: found.append(b) if is_product_block(b) else None))
     return len(found)
 
 
@@ -104,9 +83,9 @@ class ApplyUBSchedules(PyPass):
         """(new function, rule name, notes) for one kernel; the function is unchanged when no rule fits."""
         notes = []
         prepared = use_fast_math(normalize_scope_aliases(func))
-        single_product = product_blocks(prepared) < 2
+        products = product_blocks(prepared)
         for rule in self.rules:
-            if single_product and getattr(rule, "name", None) in MULTI_PRODUCT_RULES:
+            if products < getattr(rule, "min_products", 0):
                 continue
             try:
                 sch = rule.apply(prepared, self.target, host)
@@ -177,9 +156,7 @@ class ScheduleKernels(PyPass):
         mid = launched_kernels(mod)
         mod = ApplyUBSchedules(self.target, self.report, self.host, self.rules)(mod)
         try:
-            mod = relax.transform.SplitLayoutRewritePreproc()(mod)
-            mod = FoldConstantCopies()(mod)     # packs with numpy; FoldConstant builds what it declines
-            mod = relax.transform.FoldConstant()(mod)
+            mod = PrepackConstantWeights()(mod)
         except Exception as err:  # noqa: BLE001
             # TVM's split aborts on a module holding a PrimFunc without compute blocks (the shape_func of an
             # ONNX Slice/Unsqueeze with runtime starts/axes: "There should be a compute block if there is

@@ -47,6 +47,7 @@ class AttentionRule(ScheduleRule):
     """Two contractions with a row softmax between them (Q·Kᵀ → softmax → ·V), batched over heads."""
 
     name = "attention"
+    min_products = 2
 
     def __init__(self):
         self.note = None

@@ -22,6 +22,7 @@ class ScheduleRule:
     """Subclass per kind of fused kernel. ``name`` is what the report shows for a kernel."""
 
     name = "rule"
+    min_products = 0    # GEMM-like blocks a kernel needs before the rule is worth trying (apply.py checks)
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
         raise NotImplementedError

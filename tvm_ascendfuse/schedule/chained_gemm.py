@@ -81,6 +81,7 @@ class ChainedGemmRule(ScheduleRule):
     """First product(s) -> elementwise -> second product (+ injective epilogue, + row norm), per row block."""
 
     name = "chained-matmul"
+    min_products = 2
 
     def __init__(self):
         self.note = None

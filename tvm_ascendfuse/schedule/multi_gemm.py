@@ -20,6 +20,7 @@ class MultiGemmRule(ScheduleRule):
     """Two or more products with no other reduction, none consuming another's result."""
 
     name = "multi-matmul"
+    min_products = 2
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
         from .elementwise import tile_injective

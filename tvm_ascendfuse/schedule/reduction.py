@@ -41,28 +41,26 @@ def _region_vars(region, iter_vars) -> list:
     return out
 
 
-def is_contraction(sch: s_tir.Schedule, block) -> bool:
-    """A GEMM-like reduction: two operands indexed by the reduction var, each carrying a spatial var the
+def is_product_block(stmt) -> bool:
+    """A GEMM-like reduction block: two operands indexed by the reduction var, each carrying a spatial var the
     other lacks (A[i, k] * B[k, j]). Those belong to the matmul/attention rules, not to row reductions."""
-    stmt = sch.get(block)
-    rvars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    svars = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    rvars = {iv.var.name for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
     if not rvars:
         return False
-    rset = {id(v): v for v in rvars}
-    sset = {id(v): v for v in svars}
+    svars = {iv.var.name for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
     used = []
     for region in stmt.reads:
         names = set()
         for r in region.region:
             names |= {v.name for v in collect_vars_used_in_prim_expr(r.min)}
-        if names & {v.name for v in rset.values()}:
-            used.append(names & {v.name for v in sset.values()})
-    for a in used:
-        for b in used:
-            if a - b and b - a:
-                return True
-    return False
+        if names & rvars:
+            used.append(names & svars)
+    return any(a - b and b - a for a in used for b in used)
+
+
+def is_contraction(sch: s_tir.Schedule, block) -> bool:
+    """``is_product_block`` for a block of a schedule."""
+    return is_product_block(sch.get(block))
 
 
 class ReductionRule(ScheduleRule):
