@@ -79,3 +79,14 @@ def test_model_without_tunable_kernels(tmp_path, capsys):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     assert main(["tune", str(path), "--trials", "2", "-o", str(tmp_path / "o")]) == 2
     assert "no kernel of this model uses a tunable rule" in capsys.readouterr().err
+
+
+def test_missing_tuning_packages_are_named(linear_model, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cloudpickle" else real(name, *a))
+    assert main(["tune", str(linear_model), "--trials", "2", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "cloudpickle" in err and "tvm_ascendfuse[tune]" in err
+    assert not (tmp_path / "o").exists()

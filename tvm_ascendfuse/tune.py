@@ -318,6 +318,18 @@ def _tiles_note(record) -> str:
     return f"candidate {tile_decision(record)}"
 
 
+TUNE_MODULES = ("cloudpickle", "psutil")   # MetaSchedule's builder/runner worker processes need them
+
+
+def check_tuning_installed() -> None:
+    import importlib.util
+
+    missing = [m for m in TUNE_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise AscendFuseError(f"tuning needs the Python package(s) {', '.join(missing)} (MetaSchedule's worker "
+                              "processes); install them with: pip install 'tvm_ascendfuse[tune]'")
+
+
 def check_trials(trials) -> None:
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise AscendFuseError(f"--trials must be a positive number of measured candidates per kernel, got {trials!r}")
@@ -330,6 +342,7 @@ def tune_model(model, target: str | AscendTarget = "ascend910b", trials: int = 3
     from .frontend import import_onnx
 
     check_trials(trials)
+    check_tuning_installed()
     npu = get_target(target)
     host = npu.host_target(portable=portable)
     mod = model if isinstance(model, tvm.IRModule) else import_onnx(model)
