@@ -5,6 +5,7 @@ both presets; grouped/depthwise convs declined (the fallback schedules them)."""
 from __future__ import annotations
 
 import pytest
+import tvm
 from tvm import tirx
 from tvm.relax import op
 
@@ -101,8 +102,30 @@ def test_tiles_from_host_registers():
     npu = get_target("ascend910b")
     t = choose_conv_tiles(128, 56, "float32", HostVector(512, 32, 2), npu)
     assert (t.ocb, t.owr) == (32, 8)                       # 2 x 8 = 16 zmm accumulators
+    t = choose_conv_tiles(128, 28, "float32", HostVector(512, 32, 2), npu)
+    assert (t.ocb, t.owr) == (32, 7)
+    # weights re-read per register block: 14 columns per weight vector beat 2 x 7 (7 columns per vector)
+    t = choose_conv_tiles(128, 28, "float32", HostVector(512, 32, 2), npu, columns_first=True)
+    assert (t.ocb, t.owr) == (16, 14)
+    for ow in (56, 7):       # 2 x 8 already has 8 columns; at 7 columns the most accumulators win
+        t = choose_conv_tiles(128, ow, "float32", HostVector(512, 32, 2), npu, columns_first=True)
+        assert (t.ocb, t.owr) == (32, min(ow, 8))
     t = choose_conv_tiles(64, 28, "float32", HostVector(256, 16, 2), npu)
     assert t.vl == 8 and t.ocr * t.owr <= 8 and 28 % t.owr == 0
+
+
+def test_wide_kernel_register_block_puts_columns_first():
+    """A 3x3 conv re-reading its weights per register block takes 1 x 14 (14 columns per weight vector)
+    on a 28-wide output and reads the NCHW input in place; a 1x1 conv keeps 2 x 7. Both exact."""
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    for ws, pad, tiles in (((32, 32, 3, 3), 1, "ocr=1, owr=14"), ((32, 32, 1, 1), 0, "ocr=2, owr=7")):
+        func = fused_kernel(conv_bias_relu(1, pad), [(1, 32, 28, 28), ws, (1, 32, 1, 1)])
+        func = func.with_attr("layout_free_buffers", [1])
+        script = Conv2dRule(plane_chunks=False).apply(func, NPU, avx512).mod.script()
+        assert tiles in script
+        if pad:
+            assert "rc_0" not in script                      # no NCHW[16]c copy of the input
+        check_rule(Conv2dRule(plane_chunks=False), func, host=NATIVE)
 
 
 @pytest.mark.parametrize("chunk", [None, 4])
