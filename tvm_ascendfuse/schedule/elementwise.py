@@ -72,6 +72,11 @@ def tile_injective(sch: s_tir.Schedule, block, target: AscendTarget, host, stage
             if other < cores:
                 rows = min(rows, max(1, math.ceil(e_last / math.ceil(cores / max(other, 1)))))
             rows = min(rows, e_last)
+            # a tile count that divides the rows: no predicated tail tile (7-row tiles of 256 rows guarded
+            # every element with a bounds check; the tail code cost LLVM time, not speed)
+            divisor = max(d for d in range(1, rows + 1) if e_last % d == 0)
+            if 2 * divisor >= rows:
+                rows = divisor
             if rows < e_last:
                 lo, _ = sch.split(last, [None, rows])
                 outer[-1] = lo

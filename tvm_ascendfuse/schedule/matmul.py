@@ -11,10 +11,11 @@ Tiling, NPU side: the mr x nr accumulator lives in ``local.UB``; tails of M/N ar
 panel (mr x kc) is also staged in ``local.UB`` per K chunk, kc chosen so the double-buffered A panel,
 B panel and accumulator fit usable UB; it costs 10-15% on the host (an extra copy per register block),
 so it is off by default. Host side (UB tiling = cache blocking): mr x nr is a register block sized from
-the host's vector registers (AVX-512: 8 x 32 fp32 = 16 zmm accumulators), K unrolled by 4, N vectorised,
-the outer tiles parallel over the host's cores, and the weight re-laid out (N/nr, K, nr) when it is a
-compile-time constant (see ``layout.py``): that layout change runs once, before the kernel, and
-FoldConstant evaluates it.
+the host's vector registers (AVX-512: 8 x 32 fp32 = 16 zmm accumulators), N vectorised, K not unrolled
+(unrolling it by 4 measured the same single-thread speed on the W3/W4/W6/W7 GEMMs and cost ~7 ms of LLVM
+time per kernel), the outer tiles parallel over the host's cores, and the weight re-laid out (N/nr, K, nr)
+when it is a compile-time constant (see ``layout.py``): that layout change runs once, before the kernel,
+and FoldConstant evaluates it.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: Ascend
     mr = max(1, min(8, acc // nvec))
     if m_ext is not None:
         mr = min(mr, m_ext)
-    uk = 4 if k_ext is None or k_ext % 4 == 0 else (2 if k_ext % 2 == 0 else 1)
+    uk = 1    # see the module docstring: a K unroll bought no speed and costs compile time
     return GemmTiles(mr, vl, nvec, uk, _k_chunk(mr, nvec * vl, uk, k_ext, dtype, target))
 
 
