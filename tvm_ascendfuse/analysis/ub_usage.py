@@ -3,7 +3,9 @@
 A kernel's footprint per scope (``local.UB``, ``local.L1``, ``local.L0A/B/C``) is the sum of its
 allocations in that scope after ``CompactBufferAllocation`` has shrunk each buffer to the region one
 iteration of its enclosing loop touches (the tile), each rounded up to the scope's alignment as the NPU's
-allocator would. All allocations are counted as live at once (conservative).
+allocator would. All allocations are counted as live at once (conservative). The compacted shapes are read
+from the opaque blocks' allocations right after compaction (no further lowering), and ``kernel_usages``
+runs that once for a whole module.
 
 Bare ``ub``/``l1``/``l0a``/``l0b``/``l0c`` scopes in hand-written TIR are aliases: TVM rejects a scope
 without a rank, so they are rewritten to ``local.<NAME>`` before scheduling and lowering.
@@ -57,12 +59,12 @@ _COMPACT = None
 
 
 def _compact_pipeline():
+    """The lowering steps up to buffer compaction (the same ones the TIR build runs first)."""
     global _COMPACT
     if _COMPACT is None:
         _COMPACT = tvm.transform.Sequential([
             s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-            s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation(),
-            s_tir.transform.LowerMatchBuffer(), s_tir.transform.LowerOpaqueBlock()])
+            s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()])
     return _COMPACT
 
 
@@ -101,14 +103,27 @@ def _static(e) -> int | None:
 
 def kernel_usage(name: str, func: tirx.PrimFunc, target: AscendTarget) -> KernelUsage:
     """On-chip allocations of one kernel after buffer compaction."""
-    func = normalize_scope_aliases(func)
-    if "global_symbol" not in (func.attrs or {}):
-        func = func.with_attr("global_symbol", name)
-    lowered = _compact_pipeline()(tvm.IRModule({name: func}))[name]
+    return kernel_usages({name: func}, target)[name]
+
+
+def kernel_usages(funcs: dict, target: AscendTarget) -> dict[str, KernelUsage]:
+    """``{name: KernelUsage}`` for ``{name: PrimFunc}``, compacted together in one module (one pass run)."""
+    prepared = {}
+    for name, func in funcs.items():
+        func = normalize_scope_aliases(func)
+        if "global_symbol" not in (func.attrs or {}):
+            func = func.with_attr("global_symbol", name)
+        prepared[name] = func
+    if not prepared:
+        return {}
+    compacted = _compact_pipeline()(tvm.IRModule(prepared))
+    return {name: _usage_of(name, compacted[name], target) for name in prepared}
+
+
+def _usage_of(name: str, func: tirx.PrimFunc, target: AscendTarget) -> KernelUsage:
     usage = KernelUsage(name)
 
-    def visit(stmt):
-        buf = stmt.buffer
+    def count(buf):
         scope = canonical_scope(buf.scope())
         if scope not in ON_CHIP_SCOPES:
             return
@@ -118,10 +133,16 @@ def kernel_usage(name: str, func: tirx.PrimFunc, target: AscendTarget) -> Kernel
         aligned = None if nbytes is None else target.align_up(nbytes, _ALIGN_KEY[scope])
         usage.allocations.append(Allocation(buf.name, scope, nbytes, aligned))
 
-    tvm_ffi.structural_walk(lowered.body, (tirx.AllocBuffer, visit), order="pre")
+    def on_block(block):
+        for buf in block.alloc_buffers:
+            count(buf)
+
+    # allocations stay on their (opaque) blocks after compaction; an AllocBuffer only in hand-lowered TIR
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, on_block), (tirx.AllocBuffer, lambda a: count(a.buffer))],
+                            order="pre")
     return usage
 
 
 def module_usage(mod: tvm.IRModule, target: AscendTarget) -> dict[str, KernelUsage]:
-    return {gv.name_hint: kernel_usage(gv.name_hint, f, target)
-            for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    return kernel_usages({gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)},
+                         target)

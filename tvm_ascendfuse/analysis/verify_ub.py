@@ -1,9 +1,10 @@
 """Verification phase: no scheduled kernel may need more on-chip buffer than the target has.
 
 Runs after the schedule phase, before lowering. For every PrimFunc it counts the aligned bytes per
-on-chip scope (``ub_usage.kernel_usage``) and raises ``UBCapacityError(kernel, scope, needed, available)``
-when one exceeds ``target.capacity(scope)``. It also normalises alias scopes (``ub`` -> ``local.UB``) so
-hand-written kernels lower, and records each kernel's UB bytes and occupancy in the report.
+on-chip scope (``ub_usage.kernel_usages``: one buffer-compaction run over the module) and raises
+``UBCapacityError(kernel, scope, needed, available)`` when one exceeds ``target.capacity(scope)``. It also
+normalises alias scopes (``ub`` -> ``local.UB``) so hand-written kernels lower, and records each kernel's UB
+bytes and occupancy in the report.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..errors import UBCapacityError
 from ..passbase import PyPass
 from ..report import FusionReport
 from ..target import AscendTarget, get_target
-from .ub_usage import ON_CHIP_SCOPES, kernel_usage, normalize_scope_aliases
+from .ub_usage import ON_CHIP_SCOPES, kernel_usages, normalize_scope_aliases
 
 
 class VerifyUBCapacity(PyPass):
@@ -29,13 +30,16 @@ class VerifyUBCapacity(PyPass):
 
     def transform_module(self, mod):
         table = {}
+        kernels = {}
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, tirx.PrimFunc):
                 continue
             normalized = normalize_scope_aliases(func)
             if not normalized.same_as(func):
                 mod[gv] = normalized
-            usage = kernel_usage(gv.name_hint, normalized, self.target)
+            kernels[gv.name_hint] = normalized
+        usages = kernel_usages(kernels, self.target)     # one compaction run for the whole module
+        for name, usage in usages.items():
             entry = {}
             for scope in ON_CHIP_SCOPES:
                 needed = usage.bytes(scope)
@@ -43,14 +47,14 @@ class VerifyUBCapacity(PyPass):
                     continue
                 available = self.target.capacity(scope)
                 if needed > available:
-                    raise UBCapacityError(gv.name_hint, scope, needed, available)
+                    raise UBCapacityError(name, scope, needed, available)
                 entry[scope] = {"bytes": needed, "unpadded_bytes": usage.raw_bytes(scope),
                                 "occupancy_pct": round(100.0 * needed / available, 1),
                                 "padded_allocations": usage.unaligned(scope)}
                 if usage.symbolic(scope):
                     entry[scope]["symbolic_allocations"] = usage.symbolic(scope)
             ub = usage.bytes("local.UB")
-            table[gv.name_hint] = {"ub_bytes": ub,
+            table[name] = {"ub_bytes": ub,
                                    "ub_occupancy_pct": round(100.0 * ub / self.target.capacity("local.UB"), 1),
                                    "scopes": entry}
         if self.report is not None:

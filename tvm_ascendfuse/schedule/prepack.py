@@ -56,7 +56,11 @@ class PrepackConstantWeights(PyPass):
         if not has_prepack_blocks(mod):
             return mod
         fold = self.fold if self.fold is not None else relax.transform.FoldConstant()
+        # CanonicalizeBindings: a packing call with several outputs folds into a tuple of constants read through
+        # TupleGetItem; resolved to the constants, the tuple binding becomes dead and DCE drops it. Left in, VM
+        # codegen converted every such weight twice (its constant dedup hashes the data: ~17 ms on W7).
         return tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(), FoldConstantCopies(), fold,
+                                         relax.transform.CanonicalizeBindings(),
                                          relax.transform.DeadCodeElimination()])(mod)
 
 
@@ -338,19 +342,31 @@ class _FoldCopies(relax.PyExprMutator):
         key = (callee.name_hint, tuple(a.__chandle__() for a in args.fields))   # the module keeps them alive
         if key not in self.cache:
             try:
-                values = eval_copy_outputs(func, [a.value.numpy() for a in args.fields])
+                values = eval_copy_outputs(func, [_as_numpy(a.value) for a in args.fields])
             except NotACopy:
                 return call
             types = list(call.ty.fields) if isinstance(call.ty, relax.TupleType) else [call.ty]
             if len(types) != len(values) or not all(_matches(t, v) for t, v in zip(types, values)):
                 return call
-            consts = [relax.const(v, str(v.dtype)) for v in values]
+            # tensor() then const(): relax.const(ndarray, dtype) would copy the array once more (astype)
+            consts = [relax.const(tvm.runtime.tensor(np.ascontiguousarray(v))) for v in values]
             self.cache[key] = relax.Tuple(consts) if isinstance(call.ty, relax.TupleType) else consts[0]
         self.folded += 1
         return self.cache[key]
 
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def _as_numpy(tensor) -> np.ndarray:
+    """A read-only numpy view of a constant (no copy: the weights of a model are tens of MB); a copy when the
+    dtype has no DLPack view in numpy."""
+    try:
+        view = np.from_dlpack(tensor)
+    except Exception:  # noqa: BLE001 - e.g. a dtype numpy cannot view
+        return tensor.numpy()
+    view.flags.writeable = False
+    return view
 
 
 def _matches(ty, value: np.ndarray) -> bool:
