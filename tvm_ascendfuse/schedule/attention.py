@@ -23,7 +23,7 @@ from .base import UB_SCOPE, ScheduleRule
 from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
                      num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction
-from .reduction import ReductionRule, _leading_s, is_contraction
+from .reduction import ReductionRule, _leading_s, is_contraction, is_product_block
 
 
 def is_cheap(sch, block) -> bool:
@@ -58,6 +58,8 @@ class AttentionRule(ScheduleRule):
             # bf16 is stored as uint16 on the host; this rule's vectorized stores then fail TVM's BF16
             # legalization ("dtype mismatch on BufferStore ... T.bfloat16x8"). Another rule takes it.
             return None
+        if not _reduction_between_products(func):
+            return None     # e.g. a chained FFN: declined before building a schedule (~4 ms on W3's)
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
         if not infos:
@@ -206,6 +208,25 @@ class AttentionRule(ScheduleRule):
             else:
                 innermost_vector(sch, blk, lanes)
         return sch
+
+
+def _reduction_between_products(func: tirx.PrimFunc) -> bool:
+    """Whether some non-product reduction block (the softmax) lies between two product blocks, in program
+    order; a cheap necessary condition for the rule, read off the unscheduled function."""
+    kinds = []
+
+    def visit(block):
+        if block.name_hint == "root":
+            return
+        if is_product_block(block):
+            kinds.append("P")
+        elif any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars):
+            kinds.append("R")
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
+    order = "".join(kinds)
+    first, last = order.find("P"), order.rfind("P")
+    return first >= 0 and "R" in order[first:last]
 
 
 def _gone(sch, block) -> bool:

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
@@ -32,6 +33,7 @@ from .common import accumulating_store, extent, ok, root_blocks, tile_local, try
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
+from .reduction import is_product_block
 
 
 _LOG = logging.getLogger(__name__)
@@ -164,6 +166,19 @@ def find_gemm(sch: s_tir.Schedule):
     return blocks, gi, info
 
 
+def _last_reduction_is_product(func: tirx.PrimFunc) -> bool:
+    """``find_gemm``'s first requirement read off the function without building a schedule: the last
+    reduction block is GEMM-like (a norm or softmax after the GEMM belongs to another rule)."""
+    last = []
+
+    def visit(block):
+        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
+            last[:] = [block]
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
+    return bool(last) and is_product_block(last[0])
+
+
 def _has_reduce(sch, block) -> bool:
     return any(iv.iter_type != tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
 
@@ -271,6 +286,7 @@ class MatmulRule(ScheduleRule):
     """GEMM + epilogue, register-blocked and UB-tiled (see module docstring)."""
 
     name = "matmul"
+    min_products = 1    # match_gemm needs free axes on both operands: a product block (reduction.is_product_block)
 
     def __init__(self, prepack: bool = True, stage_a: bool = False, tiles=None):
         """``tiles(sch, default, candidates)``, when given, picks the GemmTiles to use (a tuner samples one of
@@ -280,7 +296,7 @@ class MatmulRule(ScheduleRule):
         self.tiles = tiles
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc):
+        if not isinstance(func, tirx.PrimFunc) or not _last_reduction_is_product(func):
             return None
         return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
 

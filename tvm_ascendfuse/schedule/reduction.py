@@ -227,6 +227,7 @@ class GemmNormRule(ScheduleRule):
     those rows, so the GEMM result never goes back to GM."""
 
     name = "matmul+norm"
+    min_products = 1
 
     def __init__(self):
         self.note = None
