@@ -128,6 +128,29 @@ def test_wide_kernel_register_block_puts_columns_first():
         check_rule(Conv2dRule(plane_chunks=False), func, host=NATIVE)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_accumulator_tile_transposed_through_shuffles(residual):
+    """AVX-512 fp32 with 8-column register blocks: the NCHW[16]c tile reaches the NCHW epilogue through the
+    shuffle intrinsic (every output channel and column lands in place, residual read in NCHW); a tile of
+    another shape keeps the strided epilogue."""
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w, padding=[1] * 4), b)
+        return op.nn.relu(op.add(y, r[0]) if residual else y)
+
+    shapes = [(1, 8, 6, 16), (64, 8, 3, 3), (1, 64, 1, 1)] + ([(1, 64, 6, 16)] if residual else [])
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
+    rule = Conv2dRule(plane_chunks=False)
+    assert "T.Shuffle" in rule.apply(func, NPU, avx512).mod.script()
+    assert "T.Shuffle" not in Conv2dRule(plane_chunks=False, transpose=False).apply(func, NPU, avx512).mod.script()
+    check_rule(rule, func, host=NATIVE)
+    for width in (12, 17):           # 6-column blocks; 8-column blocks with a predicated tail
+        odd = fused_kernel(conv_bias_relu(1, 1), [(1, 8, 6, width), (64, 8, 3, 3), (1, 64, 1, 1)])
+        check_rule(rule, odd, host=NATIVE)
+    assert "T.Shuffle" not in rule.apply(odd, NPU, avx512).mod.script()
+
+
 @pytest.mark.parametrize("chunk", [None, 4])
 def test_input_channel_chunks_are_exact(chunk):
     """Chunked input channels (accumulator row kept across chunks) compute the same numbers; with

@@ -5,9 +5,11 @@ Recognised from the blocks: one reduction block ``C[n, f, y, x] += D[n, c, ..y..
 prologue (``pad_temp``, with whatever injective ops feed it inlined, e.g. the Focus slicing) is computed
 inside the one parallel loop when that loop runs over blocks of output rows (each task pads the input rows
 of its block, halo rows twice: no second fork/join, the rows stay in the core's cache; W1 conv 2 threads
-measured ~5% faster, 1 thread unchanged), else once at the root, parallel over channels; epilogue ops (folded-BN bias, activation, residual add) are
-fused into the store of each output tile. Grouped and depthwise convs have another index structure and
-are left to the fallback rule.
+measured ~5% faster, 1 thread unchanged), else once at the root, parallel over channels. Epilogue ops
+(folded-BN bias, activation, residual add) are fused into the store of each output tile, which reaches NCHW
+through a register transpose where the tile has its shape (``transpose.py``; one core: W1 1%, 7x7 s2 stem
+6%, 1x1 64ch @56^2 2-4% faster). Grouped and depthwise convs have another index structure and are left to
+the fallback rule.
 
 Tiling: the accumulator tile (ocb output channels x owr output columns of one row) lives in ``local.UB``
 in an NCHW[vl]c layout, so the vector axis (output channels) is innermost; each FMA multiplies vl output
@@ -31,6 +33,7 @@ from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
 from .matmul import _LOAD, _has_reduce, _strip_cast, _vectorize_inner, parallel_vector
+from .transpose import transpose_store
 
 _LOG = logging.getLogger(__name__)
 _SUBSAMPLE = "ascendfuse.conv_subsample"   # marks the gathered input of a strided 1x1 conv
@@ -62,7 +65,7 @@ def match_conv2d(sch: s_tir.Schedule, block) -> ConvBlock | None:
             isinstance(v, tirx.Var) and v.same_as(sch.get(lp).loop_var) for lp, v in zip(loops, realize.iter_values)):
         return None
     n, f, y, x, rc, ry, rx = iters
-    same = lambda idx, vs: len(idx) == len(vs) and all(isinstance(i, tirx.Var) and i.same_as(v)  # noqa: E731
+    same = lambda idx, vs: len(idx) == len(vs) and all(isinstance(i, tirx.Var) and i.same_as(v)
                                                       for i, v in zip(idx, vs))
     if not same(body.indices, [n, f, y, x]):
         return None
@@ -144,7 +147,8 @@ class Conv2dRule(ScheduleRule):
     def __init__(self, prepack: bool = True, channel_chunk: int | None = 0, nchwc_min_ic: int | None = None,
                  nchwc_min_plane: int = 2048, plane_chunks: bool = True,
                  row_block_max_plane: int = 4096, subsample_strided: bool = True, pad_in_task: bool = True,
-                 row_blocks: int | None = None):
+                 row_blocks: int | None = None, transpose: bool = True):
+        self.transpose = transpose       # NCHW[vl]c -> NCHW store through register shuffles (transpose.py)
         self.pad_in_task = pad_in_task   # see _row_blocks
         self.row_blocks = row_blocks     # None: from the core count (_row_blocks); n: n blocks (tuning)
         self.row_block_max_plane = row_block_max_plane
@@ -352,6 +356,8 @@ class Conv2dRule(ScheduleRule):
             vl = t.vl
             sch.transform_layout(conv, ("write", 0), lambda a, f, y, x: (a, f // vl, y, x, f % vl))
         if ok(sch.reverse_compute_at, last, epi_at):
+            if self.transpose and epi_at is x0 and oc % t.vl == 0:
+                transpose_store(sch, last, sch.get(conv).writes[0].source, t.owr, t.vl)
             _vectorize_inner(sch, last, lanes)
         else:
             parallel_vector(sch, last, lanes)
