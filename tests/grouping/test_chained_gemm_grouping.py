@@ -1,14 +1,19 @@
 """Chained GEMMs in the grouping pass: an FFN's up-projection (+ activation, or SwiGLU's pair) and its
 down-projection become one kernel when a row of the output and a panel of the intermediate fit UB; refused,
-with the reason in the report, otherwise."""
+with the reason in the report, otherwise. A pre-norm row norm read only by the first product(s) joins the
+chain as its prologue when its row fits UB and the block's normalised rows fit L1."""
+
+import dataclasses
 
 import tvm
 from tvm import relax
 
 from tests.grouping.util import build, check_equivalent
 from tvm_ascendfuse.analysis.traffic import count_primfunc
+from tvm_ascendfuse.grouping.chain import chain_row_block, staged_rows_bytes
 from tvm_ascendfuse.grouping.cost import GroupingConfig
 from tvm_ascendfuse.report import CHECK_FAILED, NOT_PROFITABLE, UB_OVERFLOW
+from tvm_ascendfuse.target import get_target
 
 PASS = "CostBasedFusionPass"
 op = relax.op
@@ -99,3 +104,112 @@ def test_chain_refused_when_intermediate_is_small_next_to_the_weights():
     _, _, _, after = check_equivalent(ffn(4, 64, 64, with_ln=False),
                                       config=GroupingConfig(chain_min_saving_vs_weights=0.0))
     assert after == 1
+
+
+# ---- norm prologue --------------------------------------------------------------------------------------
+
+def prenorm(m, k, f):
+    """h = x Wo + x; out = SwiGLU(rms_norm(h)) Wd + h: the norm's only consumers are the chain's first products,
+    and the chain reads h anyway (residual)."""
+    def body(bb, x, wo, g, wg, wu, wd):
+        h = bb.emit(op.add(op.matmul(x, wo), x))
+        n = bb.emit(op.nn.rms_norm(h, g))
+        a = bb.emit(op.multiply(op.nn.silu(op.matmul(n, wg)), op.matmul(n, wu)))
+        return bb.emit(op.add(op.matmul(a, wd), h))
+    return build([(m, k), (k, k), (k,), (k, f), (k, f), (f, k)], body)
+
+
+def _groups(report):
+    return report.sections["grouping"]["groups"]
+
+
+def test_norm_in_front_of_the_chain_joins_it():
+    fused, report, before, after = check_equivalent(prenorm(13, 32, 88))
+    assert after == 2 < before
+    _model_matches_count(fused, report)
+    [chain] = [g for g in _groups(report) if "chain" in g]
+    assert chain["ops"][0] == "rms_norm" and chain["chain"]["norm_prologue"] == "rms_norm"
+    # the normalised row block is recorded: rows per block, its L1 bytes, the UB it needs
+    c = chain["chain"]
+    assert c["normalised_rows_l1_bytes"] == c["rows_per_block"] * 32 * 4 <= c["l1_available_bytes"]
+    assert 0 < c["ub_bytes"] <= c["ub_available_bytes"] and "being normalised" in c["ub_holds"]
+    # the kernel in front writes h only: no kernel has the normalised tensor as an output
+    prims = [f for _, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert [sum(1 for b in count_primfunc(p).write_bytes if b) for p in prims] == [1, 1]
+
+
+def test_post_norm_residual_keeps_the_norm_out_of_the_chain():
+    # n = rms_norm(x) is both the chain's input and its residual (post-norm, W3's shape): not a prologue
+    def body(bb, x, g, wg, wu, wd):
+        n = bb.emit(op.nn.rms_norm(x, g))
+        a = bb.emit(op.multiply(op.nn.silu(op.matmul(n, wg)), op.matmul(n, wu)))
+        return bb.emit(op.add(op.matmul(a, wd), n))
+    _, report, _, after = check_equivalent(build([(13, 32), (32,), (32, 88), (32, 88), (88, 32)], body))
+    assert after == 2
+    [chain] = [g for g in _groups(report) if "chain" in g]
+    assert "rms_norm" not in chain["ops"] and "norm_prologue" not in chain["chain"]
+    assert any("also used outside" in r.get("why", "") for r in refusals(report, CHECK_FAILED))
+
+
+def test_norm_prologue_refused_when_its_row_does_not_fit_ub():
+    # a 16384-wide input row: the row being normalised (double-buffered) and its normalised row take
+    # 3 x 64 KiB of UB > 184 KiB; the chain itself still forms, the norm stays a kernel of its own
+    def body(bb, x, g, w1, w2):
+        n = bb.emit(op.nn.rms_norm(x, g))
+        return bb.emit(op.matmul(bb.emit(op.nn.relu(op.matmul(n, w1))), w2))
+    cfg = GroupingConfig(chain_min_saving_vs_weights=0.0)      # a chain in spite of its large weights
+    _, report, _, after = check_equivalent(build([(64, 16384), (16384,), (16384, 256), (256, 8)], body), config=cfg)
+    assert after == 2
+    [chain] = [g for g in _groups(report) if "chain" in g]
+    assert "norm_prologue" not in chain["chain"]
+    [r] = [r for r in refusals(report, UB_OVERFLOW) if "being normalised" in r.get("what", "")]
+    assert r["needed_bytes"] > r["available_bytes"] == 184 * 1024
+
+
+def test_chain_row_block_budget():
+    """W7's FFN (2816 wide, 1024 in and out, SwiGLU pair): 32 rows per block, capped by L0C (32 accumulator
+    rows of 4 KiB); UB holds three 64-column panels per row plus the row being normalised; the 32 normalised
+    rows (128 KiB) sit in L1. W3's FFN (post-LN: its output row stays in UB for the norm) keeps its budget."""
+    npu = get_target("ascend910b")
+    w7 = chain_row_block(2816, 1024, 64, 2, 256, npu, staged_row=1024, norm_after=False)
+    assert w7.fits and w7.tile_elems == 32 and w7.needed_bytes == 32 * 3 * 256 + 3 * 4096
+    assert staged_rows_bytes(w7.tile_elems, 1024, npu) == 128 * 1024 <= npu.capacity("local.L1")
+    w3 = chain_row_block(3072, 768, 64, 1, 128, npu)
+    assert w3.fits and w3.tile_elems == 32 and w3.needed_bytes == 32 * (768 + 2 * 64) * 4
+    tight = dataclasses.replace(npu, l1_bytes=256 * 1024)
+    assert chain_row_block(2816, 1024, 64, 2, 256, tight, staged_row=4096, norm_after=False).tile_elems == 16
+
+
+def _workload_groups(model):
+    from tvm_ascendfuse.frontend import import_onnx
+    from tvm_ascendfuse.pipeline import graph_fusion_phase, ub_fusion_phase
+    from tvm_ascendfuse.report import FusionReport
+    from tvm_ascendfuse.switches import resolve_switches
+    from tvm_ascendfuse.target import get_target
+
+    npu, report, sw = get_target("ascend910b"), FusionReport(), resolve_switches(None)
+    host = npu.host_target(portable=True)
+    with host:
+        mod = tvm.transform.Sequential(graph_fusion_phase(npu, sw, report))(import_onnx(model))
+        tvm.transform.Sequential(ub_fusion_phase(npu, sw, report, host))(mod)
+    return _groups(report)
+
+
+def test_w7_ffn_norm_is_inside_the_chain():
+    """LLaMA (pre-norm): the FFN's RMSNorm is the chain's prologue, so the o-projection kernel in front
+    writes only h (no multi-output group is left)."""
+    from tvm_ascendfuse.workloads import llama_block
+
+    groups = _workload_groups(llama_block(seq=13, hidden=64, heads=4, ffn=176))
+    [chain] = [g for g in groups if "chain" in g]
+    assert "rms_norm" in chain["ops"] and chain["chain"].get("norm_prologue") == "rms_norm"
+    assert all(g["outputs"] == 1 for g in groups)
+
+
+def test_w3_post_ln_chain_unchanged():
+    """BERT (post-LN): its LayerNorm output is also the FFN's residual; the chain has no norm prologue."""
+    from tvm_ascendfuse.workloads import bert_layer
+
+    groups = _workload_groups(bert_layer(seq=16, hidden=64, heads=4, ffn=128))
+    [chain] = [g for g in groups if "chain" in g]
+    assert "norm_prologue" not in chain["chain"]

@@ -120,3 +120,81 @@ def test_switch_is_on_by_default_and_off_is_reported():
     assert kernel_count(result) == 2
     refused = result.report.get("CostBasedFusionPass").not_effective
     assert any("chained GEMMs switched off" in r.get("why", "") for r in refused)
+
+
+# ---- norm prologue: the row norm in front of the first product(s) computed per row block ---------------------
+
+def rms_swiglu(m, k, f):
+    """Pre-norm SwiGLU FFN, W7's FFN kernel: down(silu(rms(h) Wg) * (rms(h) Wu)) + h, the norm computed once."""
+    def build(h, g, wg, wu, wd):
+        n = op.nn.rms_norm(h, g)
+        return op.add(op.matmul(op.multiply(op.nn.silu(op.matmul(n, wg)), op.matmul(n, wu)), wd), h)
+    return [(1, m, k), (k,), (k, f), (k, f), (f, k)], build
+
+
+def ln_relu(m, k, f, n):
+    return ([(m, k), (k,), (k,), (k, f), (f, n)],
+            lambda x, g, b, w1, w2: op.matmul(op.nn.relu(op.matmul(op.nn.layer_norm(x, g, b, [-1]), w1)), w2))
+
+
+def _alloc(sch):
+    return {b.name: str(b.scope()) for b in sch.mod["main"].body.block.alloc_buffers}
+
+
+@pytest.mark.parametrize("shapes_build", [rms_swiglu(12, 32, 40), rms_swiglu(7, 24, 56), rms_swiglu(13, 64, 128),
+                                          ln_relu(9, 32, 100, 24)])
+def test_norm_prologue_matches_unscheduled(shapes_build):
+    """Odd row counts (one-row and three-row blocks) included; the normalised rows are one on-chip buffer of
+    the row block in L1 (the cube's operand), every other intermediate on chip too."""
+    shapes, build = shapes_build
+    rule = ChainedGemmRule()
+    check_rule(rule, fused_kernel(build, shapes))
+    assert "norm prologue" in rule.note, rule.note
+    scopes = _alloc(ChainedGemmRule().apply(fused_kernel(build, shapes), NPU, HOST))
+    assert list(scopes.values()).count("local.L1") == 1, scopes
+    assert all(s.startswith("local.") for s in scopes.values()), scopes
+
+
+def test_norm_prologue_avx512_widths():
+    shapes, build = rms_swiglu(16, 48, 64)
+    check_rule(ChainedGemmRule(), fused_kernel(build, shapes), host=NATIVE)
+
+
+def test_declines_a_norm_also_read_after_the_second_product():
+    """Post-norm (the normalised rows are also the residual): not a prologue this rule schedules."""
+    def build(x, g, b, w1, w2):
+        n = op.nn.layer_norm(x, g, b, [-1])
+        return op.add(op.matmul(op.nn.relu(op.matmul(n, w1)), w2), n)
+    check_rule(ChainedGemmRule(), fused_kernel(build, [(9, 32), (32,), (32,), (32, 40), (40, 32)]), expect=False)
+
+
+def _prenorm_module(rows, k, f, seed=0):
+    """h = x Wo + x, then h + SwiGLU(rms_norm(h)): an o-projection and the FFN of a pre-norm decoder block."""
+    rng = np.random.default_rng(seed)
+    c = lambda *s: relax.const((rng.standard_normal(s) * 0.2).astype("float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, rows, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(op.add(op.matmul(x, c(k, k)), x))
+            n = bb.emit(op.nn.rms_norm(h, relax.const((1 + rng.random(k) * 0.1).astype("float32"))))
+            a = bb.emit(op.multiply(op.nn.silu(op.matmul(n, c(k, f))), op.matmul(n, c(k, f))))
+            out = bb.emit_output(op.add(op.matmul(a, c(f, k)), h))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("rows,k,f", [(16, 32, 128), (13, 64, 176)])
+def test_pipeline_norm_prologue_within_capacity(rows, k, f):
+    """Through the pipeline (constant weights pre-packed): two kernels, the norm inside the chained FFN, the
+    normalised rows within L1 and everything else within UB / L0C."""
+    result = assert_same_numbers(_prenorm_module(rows, k, f))
+    assert kernel_count(result) == 2
+    notes = [n for ns in result.report.sections["schedule_notes"].values() for n in ns]
+    assert any("norm prologue" in n for n in notes), notes
+    npu = get_target("ascend910b")
+    for gv, func in result.scheduled_module.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "tirx.is_scheduled" in func.attrs:
+            usage = kernel_usage(gv.name_hint, func, npu)
+            for scope in ("local.UB", "local.L1", "local.L0C"):
+                assert usage.bytes(scope) <= npu.capacity(scope), (gv.name_hint, scope, usage.bytes(scope))

@@ -6,10 +6,18 @@ second product's reduction axis) the first product(s) and the activation fill th
 product accumulates it into the block's output rows, also in UB. The weights are streamed once per row block
 (from L2 on the NPU); the traffic count (distinct elements per kernel) and the cost model both count them once.
 
+A row norm (RMSNorm/LayerNorm over the last axis) whose only consumers are the first product(s) may join as
+the chain's prologue (pre-norm transformers: ``FFN(norm(h)) + h``): per row block its normalised rows are
+computed once (one row at a time in UB) and staged in L1, the cube's operand buffer, where every panel's
+first product(s) read them. The normalised tensor is then neither written to GM by the kernel in front nor
+read back by the chain, which reads ``h`` anyway for the residual. A norm whose output is also read after
+the second product (post-norm: its output is the residual) is not taken.
+
 The structure is kept narrow so the schedule rule (``schedule/chained_gemm.py``) always has the same shape to
 work on: one product or a pair (SwiGLU), then one second product alone in its kernel; between them only
 elementwise/broadcast ops used by nothing else; the second product reads the intermediate as ``A[.., i, k]``
-with ``k`` its reduction axis (the intermediate's last axis); float32; static shapes.
+with ``k`` its reduction axis (the intermediate's last axis); in front of the first product(s) only injective
+ops and at most one such row norm; float32; static shapes.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from tvm.ir import expr as iexpr
 from tvm.s_tir import stmt as sstmt
 
 from ..switches import UB_FUSION, register_switch
-from .capacity import CapacityCheck, row_block_check
+from .capacity import CapacityCheck
 
 # On by default. A chain keeps the intermediate out of GM but streams both weights once per row block (from L2
 # on the NPU), which the byte model does not charge; GroupingConfig.chain_min_saving_vs_weights (grouping.py)
@@ -49,28 +57,85 @@ class Chain:
     n1: int               # width of the intermediate (reduction length of the second product)
     n2: int               # width of the second product's output
     norm: bool            # a row reduction (LayerNorm/RMSNorm) follows the second product
+    prologue: int | None = None   # a row norm producing the first product(s)' row operand, staged per block
 
     def saving_vs_weights(self) -> float:
         """GM bytes the chain saves (the intermediate written and read back) per byte of its weights."""
         weights = len(self.first) * self.k1 * self.n1 + self.n1 * self.n2
         return 2 * self.rows * self.n1 / weights if weights else 0.0
 
+    def describe(self, dtype_bytes: int, target, nodes) -> dict:
+        """The row block the capacity check settled on, for the grouping report."""
+        check = self.capacity(dtype_bytes, target)
+        out = {"rows_per_block": check.tile_elems, "ub_bytes": check.needed_bytes,
+               "ub_available_bytes": check.available_bytes, "ub_holds": check.what}
+        if self.prologue is not None:
+            out.update(norm_prologue=nodes[self.prologue].name,
+                       normalised_rows_l1_bytes=staged_rows_bytes(check.tile_elems, self.k1, target, dtype_bytes),
+                       l1_available_bytes=target.capacity("local.L1"))
+        return out
+
     def capacity(self, dtype_bytes: int, target) -> CapacityCheck:
         return chain_row_block(self.n1, self.n2, min(self.n1, PANEL_COLS), len(self.first), self.rows, target,
-                               dtype_bytes)
+                               dtype_bytes, staged_row=self.k1 if self.prologue is not None else 0,
+                               norm_after=self.norm)
 
 
-def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, target,
-                    dtype_bytes: int = 4) -> CapacityCheck:
-    """Rows per block of a chained GEMM (``tile_elems``), or the refusal when one row does not fit UB.
+def accumulator_in_l0c(n2: int, target, dtype_bytes: int = 4) -> bool:
+    """The second product's accumulator rows live in L0C (the cube accumulates there across the panels)
+    when one row fits it; else in UB."""
+    return target.align_up(n2 * dtype_bytes, "l0c") <= target.capacity("local.L0C")
 
-    UB holds, per row: the second product's output row (its accumulator, read again by the epilogue and a
-    norm) and one panel of the intermediate per first product plus the activated panel. All of it is
-    produced and consumed on chip, so none is double-buffered; the input rows and the weights stream to the
-    cube through L1/L0A/L0B (``l0_check``)."""
-    return row_block_check([n2] + [panel] * (n_first + 1), dtype_bytes, rows, target,
-                           f"one row of the chained GEMM's output ({n2}) and a {panel}-column panel of its "
-                           f"intermediate ({n1} wide) per product", resident=True)
+
+def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, target, dtype_bytes: int = 4,
+                    staged_row: int = 0, norm_after: bool = True) -> CapacityCheck:
+    """Rows per block of a chained GEMM (``tile_elems``), or the refusal when one row does not fit.
+
+    UB holds, per row of the block: one panel of the intermediate per first product plus the activated
+    panel, and the output row when the accumulator does not fit L0C or when a row norm follows the second
+    product (it reads the whole row again; a residual/bias epilogue alone streams the rows out of L0C). All of
+    it is produced and consumed on chip, so none is double-buffered. The accumulator rows live in L0C when one
+    fits (the cube accumulates there across the panels), which caps the block. With a norm prologue
+    (``staged_row``: the first product's input row length) the vector unit normalises one input row at a time
+    in UB (the input row streamed from GM, double-buffered, and its normalised row) and stages the block's
+    normalised rows in L1, where the cube reads its left operand for every panel: L1 caps the block too. The
+    weights stream to the cube through L1/L0A/L0B (``l0_check``)."""
+    in_l0c = accumulator_in_l0c(n2, target, dtype_bytes)
+    out_row = norm_after or not in_l0c
+    row = [panel] * (n_first + 1) + ([n2] if out_row else [])
+    per_row = sum(target.align_up(n * dtype_bytes) for n in row)
+    fixed = 0
+    if staged_row:
+        fixed = (2 if target.double_buffer else 1) * target.align_up(staged_row * dtype_bytes) \
+            + target.align_up(staged_row * dtype_bytes)
+    what = (f"per row: a {panel}-column panel of the chained GEMM's intermediate ({n1} wide) per product"
+            + (f" and its output row ({n2})" if out_row else "")
+            + (f"; once: the input row ({staged_row}) being normalised and its normalised row" if staged_row else ""))
+    avail = target.ub_usable
+    if per_row + fixed > avail:
+        return CapacityCheck(False, per_row + fixed, avail, "UB", 0, what)
+    caps = []                                   # (bytes per row of the block, capacity) in L0C / L1
+    if in_l0c:
+        caps.append((target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")))
+    if staged_row:
+        l1_row = target.align_up(staged_row * dtype_bytes, "l1")
+        if l1_row > target.capacity("local.L1"):
+            return CapacityCheck(False, l1_row, target.capacity("local.L1"), "L1", 0,
+                                 f"one normalised input row ({staged_row}) of the chained GEMM")
+        caps.append((l1_row, target.capacity("local.L1")))
+
+    def fits(m):
+        return m * per_row + fixed <= avail and all(m * b <= c for b, c in caps)
+
+    m = 1
+    while m * 2 <= max(1, rows) and fits(m * 2):
+        m *= 2
+    return CapacityCheck(True, m * per_row + fixed, avail, "UB", m, what)
+
+
+def staged_rows_bytes(rows_per_block: int, staged_row: int, target, dtype_bytes: int = 4) -> int:
+    """L1 bytes of a norm prologue's normalised rows for one row block."""
+    return rows_per_block * target.align_up(staged_row * dtype_bytes, "l1")
 
 
 def row_operand_positions(prim: tirx.PrimFunc) -> tuple[int, ...]:
@@ -175,8 +240,15 @@ def _chain(nodes, mset, first, c2, var_node) -> Chain | str | None:
                 after.add(u)
                 stack.append(u)
     rest = mset - path - set(first) - {c2} - after
-    if any(nodes[m].pattern > INJECTIVE for m in rest):
-        return "chained GEMM: an op outside the chain"
+    heavy = [m for m in rest if nodes[m].pattern > INJECTIVE]
+    prologue = None
+    if heavy:
+        if len(heavy) > 1:
+            return "chained GEMM: an op outside the chain"
+        why = _norm_prologue(nodes, heavy[0], first, mset)
+        if why:
+            return why
+        prologue = heavy[0]
     inter_shape = _static(getattr(nodes[inter].var.ty, "shape", None))
     out_shape = _static(getattr(n2.var.ty, "shape", None))
     a_pos = [p for p in nodes[first[0]].row_operand if p < len(nodes[first[0]].args)]
@@ -188,4 +260,57 @@ def _chain(nodes, mset, first, c2, var_node) -> Chain | str | None:
     for d in inter_shape[:-1]:
         rows *= d
     norm = any(nodes[m].pattern in (REDUCE, OUT_EWISE) and not nodes[m].cube for m in after)
-    return Chain(first, c2, inter, frozenset(path), rows, a_shape[-1], n1, out_shape[-1], norm)
+    if prologue is not None and (_static(getattr(nodes[prologue].var.ty, "shape", None)) != a_shape
+                                 or nodes[prologue].row != a_shape[-1]):
+        return "chained GEMM: the norm in front does not produce whole rows of the first product's operand"
+    return Chain(first, c2, inter, frozenset(path), rows, a_shape[-1], n1, out_shape[-1], norm, prologue)
+
+
+def _norm_prologue(nodes, m, first, mset) -> str | None:
+    """None when node ``m`` can be the chain's norm prologue: a vector row reduction over the last axis
+    (``row_norm``) whose output is read only by the first product(s), as their row operand, and whose own
+    producers in the group are layout ops; else why not."""
+    n = nodes[m]
+    if n.cube or n.pattern not in (REDUCE, OUT_EWISE) or not n.row_norm:
+        return f"chained GEMM: {n.name or 'an op'} in front of the products is not a row norm over the last axis"
+    if n.escapes or not set(n.users) <= set(first):
+        return "chained GEMM: the normalised rows are also used outside the first product(s)"
+    for f in first:
+        pos = [i for i, a in enumerate(nodes[f].args) if a.same_as(n.var)]
+        if any(p not in nodes[f].row_operand for p in pos):
+            return "chained GEMM: the normalised rows are not the first product's row operand"
+    if any(nodes[p].pattern > INJECTIVE for p in n.producers if p in mset):
+        return "chained GEMM: compute in front of the norm prologue"
+    return None
+
+
+def reduces_last_axis(prim: tirx.PrimFunc) -> bool:
+    """Every reduction of ``prim`` runs over the last axis only, one result per row: each reduction block has
+    one reduction variable, which indexes only the last axis of what it reads (a row norm's statistics)."""
+    found, good = [], []
+
+    def on_block(block):
+        reds = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+        if not reds:
+            return
+        found.append(block)
+        if len(reds) != 1 or block.init is None or not isinstance(block.body, tirx.BufferStore):
+            return
+        ok, loads = True, []
+        tvm_ffi.structural_walk(block.body.value, (iexpr.TensorLoad, loads.append))
+        for ld in loads:
+            idx = list(ld.indices)
+            uses = [any(v.same_as(reds[0]) for v in _vars(i)) for i in idx]
+            if any(uses) and (not uses[-1] or any(uses[:-1])):
+                ok = False
+        if ok and any(any(v.same_as(reds[0]) for v in _vars(list(ld.indices)[-1])) for ld in loads if ld.indices):
+            good.append(block)
+
+    tvm_ffi.structural_walk(prim.body, (sstmt.SBlock, on_block))
+    return bool(found) and len(good) == len(found)
+
+
+def _vars(expr) -> list:
+    out = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, out.append))
+    return out

@@ -32,7 +32,7 @@ from ..report import CAP_HIT, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, CHECK_FAILED, 
 from ..switches import UB_FUSION, register_switch
 from ..target import AscendTarget, current_target_from_tvm, get_target
 from .capacity import TileBuffer, l0_check, ub_check
-from .chain import Chain, find_chain, row_operand_positions
+from .chain import Chain, find_chain, reduces_last_axis, row_operand_positions
 from .cost import GroupCost, GroupingConfig, accept, pad_ratio, tiles_for
 
 SWITCH = register_switch(
@@ -62,6 +62,7 @@ class Node:
     cube: bool = False
     row: int = 0                                       # reduction row (elements) of a vector reduction
     row_operand: tuple = ()                            # arg positions a cube op reads as A[.., i, k]
+    row_norm: bool = False                             # a vector reduction over the last axis only (norm)
     locked: int | None = None                          # index of the pattern group it came from
     binding: object | None = None                      # the block binding it stands for (None: inside a pattern)
 
@@ -230,6 +231,11 @@ class _Model:
                     continue
                 seen.add(p)
                 if nodes[p].locked is not None and nodes[p].locked == nodes[c].locked:
+                    continue
+                if chain is not None and p == chain.prologue:
+                    # the chain's norm prologue (its normalised row block staged on chip, see chain.py);
+                    # only layout ops in front of it
+                    stack.extend(q for q in nodes[p].producers if q in mset)
                     continue
                 if nodes[p].pattern != INJECTIVE:
                     return "compute fused into a cube op's operand"
@@ -460,6 +466,10 @@ class CostBasedFusionPass(PyPass):
                 self._cache[("rowop", key)] = row_operand_positions(prim)
             n.row_operand = self._cache[("rowop", key)]
         n.row = n.traffic.reduce_row_elems if not n.cube else 0
+        if n.row and n.pattern in (REDUCE, OUT_EWISE):
+            if ("lastaxis", key) not in self._cache:
+                self._cache[("lastaxis", key)] = reduces_last_axis(prim)
+            n.row_norm = self._cache[("lastaxis", key)]
         shape = _static_shape(var.ty, bounds)
         n.out_dtype = dtype_bytes(var.ty.dtype)
         n.out_elems = 1
@@ -615,7 +625,9 @@ class CostBasedFusionPass(PyPass):
             gain, _, _, reason = evaluate(kind, gids)
             if reason is None:
                 vers = tuple(groups[g].version for g in gids)
-                heapq.heappush(heap, (-gain, next(seq), kind, gids, vers))
+                # gains equal up to float rounding (one saved round trip of the same tensor, reached by
+                # different sums) are ties, taken in push order: producer-side merges first
+                heapq.heappush(heap, (-round(gain, 6), next(seq), kind, gids, vers))
 
         def candidates_of(g: Group):
             out = []
@@ -907,6 +919,10 @@ class CostBasedFusionPass(PyPass):
             "duplicated_ops": len(set(members) - g.owner_of),
             "modeled_time_us_unfused": round(sum(t for m, t in alone.items() if m in g.owner_of), 4),
             "modeled_time_us_parts": round(sum(alone.values()), 4)})
+        chain = model.chain(members)
+        if isinstance(chain, Chain):
+            section["groups"][-1]["chain"] = chain.describe(max(nodes[m].out_dtype for m in members), target,
+                                                            nodes)
         return bindings
 
 

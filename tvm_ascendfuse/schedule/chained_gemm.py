@@ -15,6 +15,12 @@ one panel of ``PANEL_COLS`` columns at a time:
 * after the last panel, the epilogue (bias, residual; recomputed where read) and, when present, the row
   norm run on the accumulator rows, and the rows are written out.
 
+With a row norm in front of the first product(s) (RMSNorm/LayerNorm over the last axis, read only by them),
+each row block starts by normalising its rows: the row sums of squares (and sums) as vector partial sums,
+the per-row scale, then the normalised rows into one ``m x k`` buffer in ``local.L1`` (the cube's operand
+buffer on the NPU) that every panel's first product(s) read, so the norm is computed once per row and its
+output never goes to GM.
+
 The intermediate never exists in GM, nor whole in UB; the weights are read once per row block (pre-packed at
 compile time into the order the tiles read them). ``m`` comes from ``grouping/chain.chain_row_block`` (the
 same UB budget the grouping pass checked), cut to what L0C holds, to a divisor of the row count and to
@@ -29,9 +35,9 @@ import math
 from tvm import s_tir, tirx
 
 from ..grouping.chain import PANEL_COLS as PANEL
-from ..grouping.chain import chain_row_block
+from ..grouping.chain import chain_row_block, staged_rows_bytes
 from ..target import AscendTarget, get_target
-from .base import L0C_SCOPE, UB_SCOPE, ScheduleRule
+from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
 from .common import (
     extent,
     innermost_vector,
@@ -131,13 +137,38 @@ class ChainedGemmRule(ScheduleRule):
         after = _closure(sch, by_name[second], sch.get_consumers)
         pro = [n for n in names if n not in chain and n not in after and n not in first
                and n not in (second, inter)]
-        if any(_has_reduce(sch, by_name[n]) for n in pro):
+        norm = self._norm_prologue(sch, by_name, pro, first)
+        if norm is None:
             return None
         outputs = [n for n in names if is_output_block(sch, by_name[n])]
         if len(outputs) != 1 or outputs[0] != names[-1] or names[-1] not in after:
             return None
-        return {"first": first, "second": second, "inter": inter, "chain": sorted(chain), "pro": pro,
+        return {"first": first, "second": second, "inter": inter, "chain": sorted(chain),
+                "pro": [n for n in pro if n not in norm["stage"]], "norm": norm,
                 "after": [n for n in names if n in after]}
+
+    @staticmethod
+    def _norm_prologue(sch, by_name, pro, first):
+        """The row norm in front of the first product(s): ``{"stage": blocks from its reductions to the
+        normalised rows, "out": the block the products read}`` (``out`` None without a norm); None when the
+        prologue has reductions of another shape (not over the row's last axis, or read elsewhere)."""
+        reds = [n for n in pro if _has_reduce(sch, by_name[n])]
+        if not reds:
+            return {"stage": [], "out": None}
+        stage = set(reds)
+        for n in reds:
+            stage |= _closure(sch, by_name[n], sch.get_consumers) & set(pro)
+        feeding = {n for n in stage if set(first) & {_name(sch, c) for c in sch.get_consumers(by_name[n])}}
+        if len(feeding) != 1 or any(not _reduces_row(sch, by_name[n]) for n in reds):
+            return None
+        out = feeding.pop()
+        for n in stage:                 # the normalised rows feed the first product(s) and nothing else
+            users = {_name(sch, c) for c in sch.get_consumers(by_name[n])}
+            if not users <= stage | set(first) or (n != out and users & set(first)):
+                return None
+        if not set(first) <= {_name(sch, c) for c in sch.get_consumers(by_name[out])}:
+            return None
+        return {"stage": [n for n in pro if n in stage], "out": out}
 
     # ---- schedule -------------------------------------------------------------------------------------------
     def _schedule(self, sch, plan, target: AscendTarget, host):
@@ -145,6 +176,9 @@ class ChainedGemmRule(ScheduleRule):
         for n in plan["pro"] + plan["chain"]:          # layout prologue; bias + activation into the panel
             if not ok(sch.compute_inline, get(n)):
                 return None
+        norm_blocks, rf_names = self._norm_stage(sch, plan["norm"], vector_lanes(host, 32))
+        if norm_blocks is None:
+            return None
         after = plan["after"]
         for n in after[:-1]:                           # bias, residual: recomputed where the rows are read
             if not _has_reduce(sch, get(n)) and not is_output_block(sch, get(n)):
@@ -159,7 +193,11 @@ class ChainedGemmRule(ScheduleRule):
         lanes = vector_lanes(host, 32)
         v1 = vector_width_for(n1, lanes)
         panel = v1 * _largest_divisor(n1 // v1, max(1, PANEL // v1))
-        check = chain_row_block(n1, n2, panel, len(first), rows, target, 4)
+        norm = plan["norm"]
+        k1 = fdom[-1]
+        norm_after = any(_has_reduce(sch, get(n)) for n in after if try_(get, n) is not None)
+        check = chain_row_block(n1, n2, panel, len(first), rows, target, 4,
+                                staged_row=k1 if norm["out"] else 0, norm_after=norm_after)
         if not check.fits:
             self.note = f"one row needs {check.needed_bytes} B of UB > {check.available_bytes} B"
             return None
@@ -195,7 +233,7 @@ class ChainedGemmRule(ScheduleRule):
         row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
         rb, _ = sch.split(row, [None, m])
         keep = {_name(sch, b) for b in root_blocks(sch) if PREPROC_ANNOTATION in sch.get(b).annotations}
-        keep |= {after[-1], plan["inter"], *plan["first"]}
+        keep |= {after[-1], plan["inter"], *plan["first"], *norm_blocks}
         for b in reversed([b for b in root_blocks(sch) if _name(sch, b) not in keep]):
             sch.compute_at(b, rb, preserve_unit_loops=True)
         innermost_vector(sch, out, lanes)
@@ -220,8 +258,21 @@ class ChainedGemmRule(ScheduleRule):
             sch.set_scope(f, 0, UB_SCOPE)
             self._tile(sch, f, mr1, nvec1, v1, whole=True)
         self._tile(sch, second, mr2, nvec2, v2, whole=False)
+        if norm["out"]:
+            # the block's normalised rows, once per row block (their consumers, the first products, are now
+            # under the row-block loop), staged in L1 for every panel; row sums and scales in UB. In UB (one
+            # allocation with the panels) LLVM could not tell them from the register tiles the first products
+            # store there and kept every tile in memory: the W7 FFN ran 1.45x slower
+            for n in reversed(norm_blocks):
+                sch.compute_at(get(n), rb, preserve_unit_loops=True)
+                try_(sch.set_scope, get(n), 0, L1_SCOPE if n == norm["out"] else UB_SCOPE)
         init = sch.decompose_reduction(second, skp)   # after the tiling: vectorize needs the whole reduction
         innermost_vector(sch, init, lanes)
+        for n in norm_blocks:
+            if n in rf_names:
+                _vectorize_partial_sums(sch, get(n))
+            elif not _has_reduce(sch, get(n)):
+                innermost_vector(sch, get(n), lanes)
         for n in after[:-1]:
             blk = try_(get, n)
             if blk is None:
@@ -231,8 +282,43 @@ class ChainedGemmRule(ScheduleRule):
             if not _has_reduce(sch, blk):
                 innermost_vector(sch, blk, lanes)
         self.note = f"row block {m} rows, intermediate panel {panel}, tiles {mr1}x{nvec1 * v1} / {mr2}x{nvec2 * v2}"
+        if norm["out"]:
+            self.note += (f", norm prologue: normalised input rows staged in L1 "
+                          f"({staged_rows_bytes(m, k1, target)} B of {target.capacity(L1_SCOPE)} B)")
         sch.annotate(second, "ascendfuse.schedule", self.note)
         return sch
+
+    @staticmethod
+    def _norm_stage(sch, norm, lanes):
+        """Shape the norm prologue before anything moves: full-row intermediates inlined into the normalised
+        rows (the block the products read), per-row values (sums, rsqrt) kept, each row sum split into
+        ``lanes`` vector partial sums (rfactor needs the reduction at the root). Returns the remaining
+        blocks of the stage in order and the names of the partial-sum blocks."""
+        if not norm["out"]:
+            return [], set()
+        get = sch.get_sblock
+        for n in norm["stage"]:
+            blk = get(n)
+            full_row = n != norm["out"] and not _has_reduce(sch, blk) and _is_full_row(sch, blk, get(norm["out"]))
+            if full_row and not ok(sch.compute_inline, blk):
+                return None, None
+        rf_names = set()
+        for n in norm["stage"]:
+            blk = try_(get, n)
+            if blk is None or not _has_reduce(sch, blk):
+                continue
+            loops = sch.get_loops(blk)
+            ext = extent(sch, loops[-1])
+            v = vector_width_for(ext, lanes)
+            if ext is None or v < 4 or ext < 2 * v:
+                continue
+            _, ki = sch.split(loops[-1], [None, v])
+            rf = try_(sch.rfactor, ki, len(sch.get(blk).iter_vars) - 1)
+            if rf is not None:
+                rf_names.add(_name(sch, rf))
+        blocks = [_name(sch, b) for b in root_blocks(sch)]
+        stage = set(norm["stage"]) | rf_names
+        return [n for n in blocks if n in stage], rf_names
 
     @staticmethod
     def _prepack(sch, block, nr, panel=None):
@@ -290,6 +376,53 @@ class ChainedGemmRule(ScheduleRule):
             if init is not None:
                 innermost_vector(sch, init, v)
         return i0
+
+
+def _reduces_row(sch, block) -> bool:
+    """A row reduction over the last axis: one reduction variable, indexing only the last axis of every
+    buffer it reads, under a loop of its own that is the block's innermost."""
+    stmt = sch.get(block)
+    reds = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(reds) != 1 or stmt.iter_vars[-1].iter_type != tirx.IterVar.CommReduce:
+        return False
+    for region in stmt.reads:
+        uses = [reds[0].name in {v.name for v in _vars_of(r.min)} for r in region.region]
+        if any(uses[:-1]) or (any(uses) and not uses[-1]):
+            return False
+    return True
+
+
+def _vars_of(expr):
+    from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
+
+    return collect_vars_used_in_prim_expr(expr)
+
+
+def _is_full_row(sch, block, like) -> bool:
+    """Does ``block`` write a tensor of the same size as ``like`` (a full row per row, not a per-row value)?"""
+    def size(b):
+        return math.prod(int(d) for d in sch.get(b).writes[0].source.ty.shape)
+
+    return size(block) == size(like)
+
+
+def _vectorize_partial_sums(sch, rf) -> None:
+    """A partial-sum block (rfactor) under the row loop: its lane axis innermost and vectorised, the
+    reduction over the row's chunks outside it, its init split off."""
+    realize = _get_realize(sch, rf)
+    by_var = {sch.get(l).loop_var.name: l for l in sch.get_loops(rf)}
+    lane = red = None
+    for iv, val in zip(realize.block.iter_vars, realize.iter_values):
+        if isinstance(val, tirx.Var) and val.name in by_var:
+            if iv.iter_type == tirx.IterVar.CommReduce and red is None:
+                red = by_var[val.name]
+            elif iv.iter_type == tirx.IterVar.DataPar and lane is None:
+                lane = by_var[val.name]
+    if lane is None or red is None or not ok(sch.reorder, red, lane) or not ok(sch.vectorize, lane):
+        return
+    init = try_(sch.decompose_reduction, rf, red)
+    if init is not None:
+        ok(sch.vectorize, sch.get_loops(init)[-1])
 
 
 def _loop_of_reduction(sch, block, loop) -> bool:
