@@ -7,6 +7,8 @@ Both compiles target the host with this CPU's features (``mcpu``), as ``fusion_b
 compiles of a workload alternate inside each round (so a noisy neighbour slows both alike) and the table
 shows the minimum over rounds and the ratio ours / default. Nothing is executed. ``compile_model`` runs
 without the report-only TVM-default traffic baseline (its default); ``--traffic-baseline`` adds it.
+``compile_model`` lowers and code-generates its kernels on the host's cores (``tvm_ascendfuse/build.py``),
+TVM's ``tvm.compile`` on one thread; ``--jobs 1`` times ours on one thread too.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ def time_default(mod, host) -> float:
     return time.perf_counter() - t
 
 
-def time_ours(mod, target, traffic_baseline) -> float:
+def time_ours(mod, target, traffic_baseline, jobs=None) -> float:
     t = time.perf_counter()
-    af.compile_model(mod, target=target, portable=False, traffic_baseline=traffic_baseline)
+    af.compile_model(mod, target=target, portable=False, traffic_baseline=traffic_baseline, jobs=jobs)
     return time.perf_counter() - t
 
 
-def measure(wid: str, target: str, rounds: int, traffic_baseline: bool = False) -> dict:
+def measure(wid: str, target: str, rounds: int, traffic_baseline: bool = False, jobs=None) -> dict:
     mod = import_onnx(WORKLOADS[WORKLOAD_IDS[wid]][0]())
     host = af.get_target(target).host_target(portable=False)
     n = 1 if wid in SLOW else rounds
@@ -46,9 +48,9 @@ def measure(wid: str, target: str, rounds: int, traffic_baseline: bool = False) 
         # alternate which one goes first, so neither always runs on a warm cache
         if i % 2 == 0:
             default.append(time_default(mod, host))
-            ours.append(time_ours(mod, target, traffic_baseline))
+            ours.append(time_ours(mod, target, traffic_baseline, jobs))
         else:
-            ours.append(time_ours(mod, target, traffic_baseline))
+            ours.append(time_ours(mod, target, traffic_baseline, jobs))
             default.append(time_default(mod, host))
     d, o = min(default), min(ours)
     return {"workload": wid, "name": WORKLOAD_IDS[wid], "rounds": n, "default_s": round(d, 3),
@@ -62,16 +64,18 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--traffic-baseline", action="store_true",
                     help="also compute the report's TVM-default traffic baseline in our compile")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="threads for our TIR build (default: the host's cores; 1 = like tvm.compile)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     # warm-up: first compile in a process pays one-time LLVM / registry initialisation
     warm = import_onnx(WORKLOADS[WORKLOAD_IDS["W6"]][0](rows=4, width=32))
     time_default(warm, af.get_target(args.target).host_target(portable=False))
-    time_ours(warm, args.target, False)
+    time_ours(warm, args.target, False, args.jobs)
     rows = []
     print(f"{'':4}{'workload':16}{'default s':>10}{'ours s':>9}{'ours/default':>14}")
     for wid in args.workloads.split(","):
-        r = measure(wid.strip(), args.target, args.rounds, args.traffic_baseline)
+        r = measure(wid.strip(), args.target, args.rounds, args.traffic_baseline, args.jobs)
         rows.append(r)
         print(f"{r['workload']:4}{r['name']:16}{r['default_s']:>10.3f}{r['ours_s']:>9.3f}{r['ratio']:>14.2f}",
               flush=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from .build import build
 from .pipeline import AscendFusePipeline
 from .report import FusionReport
 from .target import AscendTarget, get_target
@@ -22,12 +23,13 @@ class CompileResult:
 
 
 def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", switches=None,
-                  portable: bool = False, traffic_baseline: bool = False) -> CompileResult:
+                  portable: bool = False, traffic_baseline: bool = False, jobs: int | None = None) -> CompileResult:
     """``traffic_baseline=True`` also fills the TVM-default and lower-bound rows of the report's traffic table
-    (report-only; it re-runs TVM's default fusion on the model, seconds on ResNet-50)."""
+    (report-only; it re-runs TVM's default fusion on the model, seconds on ResNet-50). ``jobs``: threads
+    for the kernels' TIR lowering and LLVM code generation (default: the host's cores; ``build.py``)."""
     npu = get_target(target)
     host = npu.host_target(portable=portable)
     pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline)
-    ex = tvm.compile(mod, target=host, relax_pipeline=pipeline)
+    ex = build(mod, host, pipeline, jobs=jobs)
     snaps = pipeline.snapshots
     return CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)
