@@ -261,6 +261,19 @@ def test_row_blocks_are_a_multiple_of_the_cores():
     assert _row_blocks(56, 2) == 4 and _row_blocks(112, 2) == 8 and _row_blocks(8, 2) == 2
     assert _row_blocks(56, 4) == 4 and _row_blocks(48, 3) == 3
     assert _row_blocks(13, 2) is None and _row_blocks(7, 2) is None     # odd or short: padded at the root
+    # padded rows sized against a budget: the fewest blocks that fit, else the most
+    assert _row_blocks(56, 2, lambda rows: rows * 1000 <= 28_000) == 2
+    assert _row_blocks(56, 2, lambda rows: rows * 1000 <= 14_000) == 4
+    assert _row_blocks(56, 2, lambda rows: False) == 14
+
+
+def test_row_blocks_sized_from_the_targets_l1():
+    """W1's padded input (64ch, 58x58 fp32) in blocks of 28 output rows fits the 910B's 512 KiB L1: one
+    block per core; 128 channels need twice the blocks."""
+    for ic, blocks in ((64, 2), (128, 4)):
+        func = fused_kernel(conv_bias_relu(1, 1), [(1, ic, 56, 56), (32, ic, 3, 3), (1, 32, 1, 1)])
+        script = Conv2dRule().apply(func.with_attr("layout_free_buffers", [1]), NPU, HOST).mod.script()
+        assert f"in T.parallel(T.int64({blocks}))" in script, [ln for ln in script.splitlines() if "parallel" in ln]
 
 
 @pytest.mark.parametrize("xs,ws,stride,pad", [((2, 8, 16, 12), (32, 8, 3, 3), 1, 1),
