@@ -66,3 +66,18 @@ def test_functions_calling_each_other_stay_in_one_module():
     independent = tvm.IRModule({gv: f for gv, f in _Calls.functions.items() if gv.name_hint != "caller"})
     assert len(split_module(independent, 2)) == 2
     assert split_module(_Calls, 2) == [_Calls]
+
+
+def test_default_jobs_leaves_busy_cores_out(monkeypatch):
+    import tvm_ascendfuse.build as build
+
+    host = af.get_target("ascend910b").host_target(portable=True, num_cores=4)
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(build, "_others_running", lambda: 0)
+    assert build.default_jobs(host) == 4            # the target's cores, not the machine's
+    monkeypatch.setattr(build, "_others_running", lambda: 3)
+    assert build.default_jobs(host) == 1
+    monkeypatch.setattr(build, "_others_running", lambda: 9)
+    assert build.default_jobs(host) == 1
+    monkeypatch.setattr(build, "_others_running", lambda: None)
+    assert build.default_jobs(host) == 4
