@@ -346,7 +346,7 @@ class ChainedGemmRule(ScheduleRule):
 
     @staticmethod
     def _tile(sch, block, mr, nvec, v, whole):
-        """Register block ``mr x (nvec*v)``: loops ``j0, i0, k0, k1, i1, j1, j2``, i1/j1/k1 unrolled, j2 the
+        """Register block ``mr x (nvec*v)``: loops ``j0, i0, k0, i1, j1, j2``, i1/j1 unrolled, j2 the
         vector. ``whole``: the block's reduction is complete under its loops, its accumulator tile is a UB
         buffer written back per tile (cache_write); else (the second product, its reduction split across
         panels) the block accumulates into its accumulator rows in place, and the caller decomposes its init
@@ -357,17 +357,15 @@ class ChainedGemmRule(ScheduleRule):
         red = next(i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce)
         by_iter = loops_by_iter(sch, block)
         i_loop, j_loop, k_loop = by_iter[spatial[-2]], by_iter[spatial[-1]], by_iter[red]
-        k_ext = extent(sch, k_loop)
         i0, i1 = sch.split(i_loop, [None, mr])
         j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
-        uk = 4 if k_ext % 4 == 0 else (2 if k_ext % 2 == 0 else 1)
-        k0, k1 = sch.split(k_loop, [None, uk])
-        sch.reorder(j0, i0, k0, k1, i1, j1, j2)
+        # K is not unrolled: unrolling it by 4 ran no faster and cost W7's FFN kernel 14 ms of LLVM time
+        k0 = k_loop
+        sch.reorder(j0, i0, k0, i1, j1, j2)
         if v > 1:
             ok(sch.vectorize, j2)
         ok(sch.unroll, j1)
         ok(sch.unroll, i1)
-        ok(sch.unroll, k1)
         if whole:
             copy = sch.cache_write(block, 0, UB_SCOPE)
             sch.reverse_compute_at(copy, i0, preserve_unit_loops=True)

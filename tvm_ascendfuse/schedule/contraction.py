@@ -94,9 +94,9 @@ def _largest_divisor(n: int, cap: int) -> int:
 
 
 def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 16) -> bool:
-    """A whole GEMM at the root of its kernel (K1 recipe, field guide §10): loops ``j0, i0, k0, k1, i1, j1,
+    """A whole GEMM at the root of its kernel (K1 recipe, field guide §10): loops ``j0, i0, k0, i1, j1,
     j2``, an ``mr × nr`` accumulator tile in ``local.UB`` (registers on the host) written back per
-    micro-tile, k unrolled by 4, parallel over the column panels. False when the block is not a plain
+    micro-tile, parallel over the column panels. False when the block is not a plain
     product with a static, vectorisable output axis."""
     from .base import UB_SCOPE
 
@@ -127,16 +127,14 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
     outer = loops[:names.index(sch.get(i_loop).loop_var.name)]
     i0, i1 = sch.split(i_loop, [None, mr])
     j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
-    uk = 4 if k_ext is not None and k_ext % 4 == 0 else 1
-    k0, k1 = sch.split(k_loop, [None, uk])
-    sch.reorder(*outer, j0, i0, k0, k1, i1, j1, j2)
+    k0 = k_loop  # not unrolled: by 4 ran no faster and cost W3's GEMM+LayerNorm kernel 7 ms of LLVM time
+    sch.reorder(*outer, j0, i0, k0, i1, j1, j2)
     copy = sch.cache_write(block, 0, UB_SCOPE)
     sch.reverse_compute_at(copy, i0, preserve_unit_loops=True)
     innermost_vector(sch, copy, lanes)
     ok(sch.vectorize, j2)
     ok(sch.unroll, j1)
     ok(sch.unroll, i1)
-    ok(sch.unroll, k1)
     if cores > 1:
         par = sch.fuse(*outer, j0) if outer else j0
         ok(sch.parallel, par)
