@@ -1,9 +1,11 @@
 """Tuned vs untuned, side by side in one process: the same model compiled without and with a schedule
 database (``ascendfuse tune`` output), timed with interleaved rounds on this CPU (nothing here is an NPU time).
 
-    ascendfuse workload ln_linear_gelu -o w4.onnx
+    ascendfuse workload ln_linear_gelu -o w4.onnx        # or conv_bn_relu (W1): conv kernels tune too
     ascendfuse tune w4.onnx --trials 32 -o tuned
     python benchmarks/tuned_vs_untuned.py w4.onnx tuned [--rounds 200]
+
+Threads: TVM_NUM_THREADS (default 2); compare single-threaded (TVM_NUM_THREADS=1) on a shared machine.
 """
 
 from __future__ import annotations

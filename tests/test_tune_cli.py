@@ -90,3 +90,33 @@ def test_missing_tuning_packages_are_named(linear_model, tmp_path, capsys, monke
     err = capsys.readouterr().err
     assert "cloudpickle" in err and "tvm_ascendfuse[tune]" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_tune_a_conv_kernel_and_compile_with_its_record(tmp_path, capsys, monkeypatch):
+    """Conv3x3(8->16)+BN+ReLU on 12x12: the Conv2d rule's space is searched, the best record is the one
+    compile applies, numbers unchanged."""
+    from tvm_ascendfuse.workloads import conv_bn_relu
+
+    model = conv_bn_relu(in_channels=8, out_channels=16, hw=12)
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    out = tmp_path / "sched"
+    assert main(["tune", str(path), "--trials", "3", "-o", str(out), "--portable"]) == 0
+    assert "conv2d" in capsys.readouterr().out
+    records = list(open_database(out / "ascend910b").get_all_tuning_records())
+    decisions = sorted(tile_decision(r) for r in records)
+    assert decisions[0] == 0 and len(set(decisions)) == 3 and all(float(r.run_secs[0]) < 1e9 for r in records)
+
+    x = np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype("float32")
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {model.graph.input[0].name: x})
+    monkeypatch.setenv(SCHEDULES_ENV, str(out))
+    result = compile_model(import_onnx(model), target="ascend910b", portable=True)
+    assert "tuned" in result.report.sections["schedules"].values()
+    best = open_database(out / "ascend910b").get_top_k(records[0].workload, 1)[0]
+    script = next(iter(f for f in result.scheduled_module.functions.values()
+                       if "ascendfuse.schedule" in f.script())).script()
+    note = next(i.inputs[-1] for i in best.trace.insts if i.kind.name == "Annotate"
+                and str(i.attrs[0]) == "ascendfuse.schedule")
+    assert str(note).strip('"') in script                        # the record's tiles, not the rule's
+    np.testing.assert_allclose(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)

@@ -2,9 +2,9 @@
 
 The model goes through the pipeline up to the schedule phase, so each kernel is keyed exactly as the
 schedule phase will look it up (``schedule.tuned.workload_module``). Every kernel the schedule phase would
-give to a tunable rule is searched in that rule's space (``schedule/tunable.py``: the tile choice as a
-sampled decision, candidates limited to tiles that fit UB, the untuned default measured first), measured
-on this machine with MetaSchedule's local builder/runner, and the records are written to
+give to a tunable rule (Matmul, Conv2d) is searched in that rule's space (``schedule/tunable.py``: the
+tile choice as a sampled decision, candidates limited to tiles that fit UB, the untuned default measured
+first), measured on this machine with MetaSchedule's local builder/runner, and the records are written to
 ``DIR/<target>/`` as a JSON database; ``ASCENDFUSE_SCHEDULES=DIR`` makes ``compile`` use it.
 """
 

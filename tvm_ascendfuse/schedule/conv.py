@@ -16,6 +16,10 @@ in an NCHW[vl]c layout, so the vector axis (output channels) is innermost; each 
 channels by one broadcast input pixel. ocb x owr is the host's register block (AVX-512: 32 x 8 fp32 =
 16 zmm accumulators), which on the NPU is a small UB tile (1 KiB) well inside usable UB for any conv. The
 weight is re-laid out to (OC/ocb, IC, KH, KW, ocb) when it is a compile-time constant (``layout.py``).
+
+Tuning: with a ``tiles`` chooser the register block and the blocks of output rows become one sampled
+decision over ``conv_candidates`` (``tunable.py``), the rule's own choice first; without one the schedule is
+the rule's.
 """
 
 from __future__ import annotations
@@ -103,6 +107,45 @@ class ConvTiles:
         return self.ocr * self.vl
 
 
+@dataclass(frozen=True)
+class ConvChoice:
+    """One point of the tunable space: the register block and the blocks of output rows of the parallel
+    loop when each task pads its own rows (None: the rule's path has no such blocks)."""
+
+    tiles: ConvTiles
+    row_blocks: int | None
+
+
+def conv_candidates(default: ConvChoice, oc: int, ow: int, dtype: str, hv: HostVector, target: AscendTarget,
+                    accept=None, row_blocks=()) -> list[ConvChoice]:
+    """Choices a tuner may try: the default first, then every register block of ``ocr`` vectors (dividing
+    OC) x ``owr`` columns (dividing OW, or the most the accumulators allow) that keeps at least a quarter of
+    the host's accumulator registers busy and fits the rule's UB checks (double-buffered accumulator tile
+    within usable UB; ``accept(tiles)``: the path's own check, e.g. the channel chunks of a small plane),
+    each with every block count of ``row_blocks`` (already L1-checked by the caller)."""
+    vl, acc = default.tiles.vl, hv.accumulators
+    nbytes = tvm.DataType(dtype).bits // 8
+    copies = 2 if target.double_buffer else 1
+    blocks = [default.row_blocks] + [b for b in row_blocks if b != default.row_blocks]
+    out = [default]
+    for ocr in range(1, acc + 1):
+        if oc % (ocr * vl):
+            continue
+        cap = min(ow, acc // ocr)
+        for owr in sorted({d for d in range(1, cap + 1) if ow % d == 0} | {cap}):
+            if 4 * ocr * owr < min(acc, oc // vl * ow):
+                continue
+            if copies * target.align_up(ocr * vl * owr * nbytes) > target.ub_usable:
+                continue
+            if accept is not None and not accept(ConvTiles(vl, ocr, owr)):
+                continue
+            for rb in blocks:
+                c = ConvChoice(ConvTiles(vl, ocr, owr), rb)
+                if c not in out:
+                    out.append(c)
+    return out
+
+
 def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: AscendTarget,
                       columns_first: bool = False) -> ConvTiles:
     """Register block from the host's vector file, capped so the accumulator tile fits usable UB.
@@ -147,7 +190,10 @@ class Conv2dRule(ScheduleRule):
     def __init__(self, prepack: bool = True, channel_chunk: int | None = 0, nchwc_min_ic: int | None = None,
                  nchwc_min_plane: int = 2048, plane_chunks: bool = True,
                  row_block_max_plane: int = 4096, subsample_strided: bool = True, pad_in_task: bool = True,
-                 row_blocks: int | None = None, transpose: bool = True):
+                 row_blocks: int | None = None, transpose: bool = True, tiles=None):
+        """``tiles(sch, default, candidates)``, when given, picks the ConvChoice to use (a tuner samples one
+        of ``candidates()``, see ``tunable.py``); without it the rule uses its own choice."""
+        self.tiles = tiles
         self.transpose = transpose       # NCHW[vl]c -> NCHW store through register shuffles (transpose.py)
         self.pad_in_task = pad_in_task   # see _row_blocks
         self.row_blocks = row_blocks     # None: from the core count (_row_blocks); n: n blocks (tuning)
@@ -165,8 +211,11 @@ class Conv2dRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
+        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         try:
-            sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
             blocks = list(root_blocks(sch))
             reductions = [i for i, b in enumerate(blocks) if _has_reduce(sch, b)]
             if len(reductions) != 1:
@@ -297,6 +346,28 @@ class Conv2dRule(ScheduleRule):
             if icb is None and _still_exists(sch, b) and _is_plain_copy(sch, b) and \
                     _SUBSAMPLE not in sch.get(b).annotations:
                 ok(sch.compute_inline, b)     # a "pad" of zero width (1x1 convs): read the input directly
+        rci = self._channel_chunk(ic, sch, conv, ow, _target(target), info) if icb is None else None
+        rows = 1
+        if plane is not None:
+            rci, rows = plane
+        blocks_of_rows, fits = None, None
+        pads_left = [b for b in pro if _still_exists(sch, b)]
+        if self.pad_in_task and icb is None and rci is None and len(pads_left) == 1 and oh is not None:
+            fits = _padded_rows_fit(sch, pads_left[0], oh, info, _target(target))
+            blocks_of_rows = self.row_blocks if self.row_blocks and oh % self.row_blocks == 0 \
+                else _row_blocks(oh, hv.cores, fits)
+        chosen = default = ConvChoice(t, blocks_of_rows)
+        if self.tiles is not None:
+            # a small plane's channel chunk and rows follow the register block, as the rule derives them
+            replan = (lambda tiles: self._plane_chunk(ic, (oc, oh, ow), sch, conv, info, tiles,
+                                                      _target(target), hv)) if plane is not None else None
+            more = [] if blocks_of_rows is None else _row_block_choices(oh, hv.cores, fits)
+            chosen = self.tiles(sch, default, lambda: conv_candidates(
+                default, oc, ow, info.out_dtype, hv, _target(target),
+                replan and (lambda tiles: replan(tiles) is not None), more))
+            t, blocks_of_rows = chosen.tiles, chosen.row_blocks
+            if replan is not None and chosen != default:
+                rci, rows = replan(t)
         packed = False
         if self.prepack and oc % t.ocb == 0 and packable_param(sch, info.weight_buf) is not None:
             ocb = t.ocb
@@ -322,10 +393,6 @@ class Conv2dRule(ScheduleRule):
         n, ff, yy, xx, rc, ry, rx = sch.get_loops(conv)
         f0, f1, f2 = sch.split(ff, [None, t.ocr, t.vl])
         x0, x1 = sch.split(xx, [None, t.owr])
-        rci = self._channel_chunk(ic, sch, conv, ow, _target(target), info) if icb is None else None
-        rows = 1
-        if plane is not None:
-            rci, rows = plane
         if icb is not None:
             # many input channels: the (padded) input is re-laid out NCHW[icb]c once, so the channels one
             # register block reads are contiguous (few pages and lines per tile instead of one per channel)
@@ -365,11 +432,6 @@ class Conv2dRule(ScheduleRule):
         try_(sch.unroll, f1)
         try_(sch.unroll, x1)
         try_(sch.unroll, rx)
-        blocks_of_rows = None
-        pads_left = [b for b in pro if _still_exists(sch, b)]
-        if self.pad_in_task and icb is None and rci is None and len(pads_left) == 1 and oh is not None:
-            blocks_of_rows = self.row_blocks if self.row_blocks and oh % self.row_blocks == 0 \
-                else _row_blocks(oh, hv.cores, _padded_rows_fit(sch, pads_left[0], oh, info, _target(target)))
         if blocks_of_rows is not None:
             # one parallel region: each task pads the input rows of its block of output rows itself (no
             # separate fork/join, and the padded rows stay in the cache of the core that reads them)
@@ -389,7 +451,8 @@ class Conv2dRule(ScheduleRule):
         try_(sch.vectorize, il[-1])
         try_(sch.unroll, il[-2])
         try_(sch.unroll, il[-3])
-        sch.annotate(conv, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}")
+        rows_note = f" row_blocks={blocks_of_rows}" if chosen.row_blocks != default.row_blocks else ""
+        sch.annotate(conv, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}{rows_note}")
         return sch
 
 
@@ -428,6 +491,13 @@ def _row_blocks(oh: int, cores: int, fits=None) -> int | None:
             if fits(oh // nb):
                 break
     return best
+
+
+def _row_block_choices(oh: int, cores: int, fits=None) -> list[int]:
+    """Every block count _row_blocks may pick from whose padded input rows fit (``fits``): the tuner's."""
+    fits = fits or (lambda rows: rows <= 16)
+    cores = max(1, cores)
+    return [nb for nb in range(cores, oh // 4 + 1, cores) if oh % nb == 0 and fits(oh // nb)]
 
 
 def _padded_rows_fit(sch, pad, oh: int, info: ConvBlock, target: AscendTarget):

@@ -1,9 +1,10 @@
 """Tunable rules: a built-in rule as a MetaSchedule design space whose tile choice is a sampled decision.
 
-The space of a kernel applies the same rule the schedule phase would (``MatmulRule`` for now) to
-MetaSchedule's traced schedule, with the register block drawn by ``sch.sample_categorical`` over
-``matmul.tile_candidates``: blocks that fit the target's usable UB by the rule's own capacity check, the
-rule's default first. So every sampled schedule is UB-valid (a postproc re-checks the counted bytes) and
+The space of a kernel applies the same rule the schedule phase would (``MatmulRule``, ``Conv2dRule``) to
+MetaSchedule's traced schedule, with its tiles drawn by ``sch.sample_categorical`` over the rule's
+candidates (``matmul.tile_candidates``: register block and K chunk; ``conv.conv_candidates``: register
+block and blocks of output rows): tiles that fit the target's usable UB (and L1) by the rule's own capacity
+checks, the rule's default first. So every sampled schedule is UB-valid (a postproc re-checks the counted bytes) and
 the untuned default is one point of the space.
 
 The rule derives padding, weight packing and K chunks from the tiles in Python, so a trace alone does not
@@ -20,22 +21,24 @@ from tvm import s_tir, tirx
 
 from ..errors import AscendFuseError
 from ..target import AscendTarget, get_target
-from .matmul import GemmTiles, MatmulRule
+from .conv import Conv2dRule
+from .matmul import MatmulRule
 
 UB_CHECK_SCOPES = ("local.UB", "local.L1", "local.L0A", "local.L0B", "local.L0C")
 
 
 class LeastDrawnTiles:
-    """The ``tiles`` chooser of a tunable MatmulRule: one ``sample_categorical`` over the candidates, with
-    probability only on the candidates drawn least often so far (the default first)."""
+    """The ``tiles`` chooser of a tunable rule (GemmTiles or ConvChoice candidates): one
+    ``sample_categorical`` over the candidates, with probability only on the candidates drawn least often
+    so far (the default first)."""
 
     def __init__(self):
-        self.drawn: dict[GemmTiles, int] = {}
-        self.allowed: set[GemmTiles] | None = None   # candidates the rule accepts (set by the space)
-        self.last: GemmTiles | None = None
-        self.candidates: list[GemmTiles] = []
+        self.drawn: dict = {}
+        self.allowed: set | None = None   # candidates the rule accepts (set by the space)
+        self.last = None
+        self.candidates: list = []
 
-    def __call__(self, sch: s_tir.Schedule, default: GemmTiles, candidates) -> GemmTiles:
+    def __call__(self, sch: s_tir.Schedule, default, candidates):
         cands = candidates()
         self.candidates = cands
         usable = [self.allowed is None or t in self.allowed for t in cands]
@@ -61,7 +64,7 @@ class FixedTiles:
 
     def __init__(self, index: int):
         self.index = index
-        self.candidates: list[GemmTiles] = []
+        self.candidates: list = []
 
     def __call__(self, sch, default, candidates):
         cands = candidates()
@@ -73,7 +76,7 @@ class FixedTiles:
 
 
 # Rule name (as the report shows it) -> rule class that accepts a ``tiles`` chooser.
-TUNABLE_RULES = {"matmul": MatmulRule}
+TUNABLE_RULES = {"matmul": MatmulRule, "conv2d": Conv2dRule}
 
 
 def apply_tunable(sch: s_tir.Schedule, rule_name: str, target: AscendTarget, host, chooser) -> s_tir.Schedule:

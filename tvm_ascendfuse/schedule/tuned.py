@@ -9,6 +9,7 @@ rewrite), so records tuned on these kernels match them structurally; kernels wit
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import tvm
@@ -47,8 +48,23 @@ def open_database(folder: str | os.PathLike):
     from tvm.s_tir import meta_schedule as ms
 
     folder = Path(folder)
+    register_intrinsics(folder / RECORDS_FILE)
     return ms.database.JSONDatabase(path_workload=str(folder / WORKLOADS_FILE),
                                     path_tuning_record=str(folder / RECORDS_FILE), allow_missing=False)
+
+
+def register_intrinsics(records: Path) -> None:
+    """Register the tensor intrinsics the records' traces name (the conv's register transpose): the rules
+    register them on first use, but reading a database parses every trace, and a ``tensorize`` of an
+    intrinsic this process has not registered yet fails the whole database."""
+    from .transpose import transpose_intrin
+
+    if records.is_file():
+        for rows, lanes, dtype in set(_TRANSPOSE_NAME.findall(records.read_text())):
+            transpose_intrin(dtype, int(rows), int(lanes))
+
+
+_TRANSPOSE_NAME = re.compile(r"ascendfuse_transpose_(\d+)x(\d+)_(\w+?)\b")
 
 
 class TunedRecordRule(ScheduleRule):
