@@ -248,3 +248,56 @@ def test_epilogue_selecting_by_index_is_not_placed_per_tile():
         return rop.strided_slice(cat, axes=[1], begin=[3], end=[10])   # straddles both parts
 
     check_rule(MatmulRule(), fused_kernel(build, [(8, 7), (7, 7), (8, 7)]), host=NATIVE)
+
+
+# ---- A through a layout-changing producer (attention's head merge) ------------------------------------
+
+def head_merge_linear(heads, seq, d):
+    """[1, heads, seq, d] -> permute(0, 2, 1, 3) -> reshape [1, seq, heads * d] -> @ W + bias + residual."""
+    def build(a, w, b, r):
+        x = op.reshape(op.permute_dims(a, [0, 2, 1, 3]), (1, seq, heads * d))
+        return op.add(op.add(op.matmul(x, w), b), r)
+
+    return build
+
+
+@pytest.mark.parametrize("heads,seq,d,n,dtype", [
+    (4, 37, 16, 48, "float32"),        # odd seq: M padded; N not a multiple of the register block
+    (16, 37, 64, 32, "float32"),       # K = 1024 beyond one UB chunk: the panel is staged per K chunk
+    (2, 8, 8, 64, "float32"),          # M = one register block, no padding
+    (4, 21, 16, 40, "float16"),
+])
+def test_head_merge_producer_of_a_is_staged_in_ub(heads, seq, d, n, dtype):
+    """Inlined, the head merge leaves A indexed by k // d and k % d, which is no GEMM; the rule instead
+    computes A's producer per register block into a UB panel. Exact, within UB, and no root-level copy of A."""
+    target = get_target("ascend910b")
+    shapes = [(1, heads, seq, d), (heads * d, n), (n,), (1, seq, n)]
+    func = fused_kernel(head_merge_linear(heads, seq, d), shapes, dtype=dtype)
+    mod = check_rule(MatmulRule(), func, host=NATIVE, target=target)
+    main = mod["main"]
+    usage = kernel_usage("k", main, target)
+    assert usage.bytes("local.UB") <= target.ub_usable
+    assert len([a for a in usage.allocations if a.scope == "local.UB"]) == 2      # accumulator + A panel
+    assert all(a.scope == "local.UB" for a in usage.allocations)                  # A never goes back to GM
+    assert "T.parallel" in mod.script()
+
+
+def test_head_merge_kernel_gets_the_matmul_rule_in_the_report():
+    from tvm_ascendfuse.report import FusionReport
+    from tvm_ascendfuse.schedule.apply import ApplyUBSchedules
+
+    func = fused_kernel(head_merge_linear(4, 37, 16), [(1, 4, 37, 16), (64, 48), (48,), (1, 37, 48)])
+    report = FusionReport()
+    report.set_kernels([{"name": "fused_head_merge_linear", "launches": 1}])
+    ApplyUBSchedules(get_target("ascend910b"), report, NATIVE)(
+        tvm.IRModule({tvm.ir.GlobalVar("fused_head_merge_linear"): func.with_attr("global_symbol", "k")}))
+    assert report.sections["schedules"] == {"fused_head_merge_linear": "matmul"}
+    assert report.kernels[0]["rule"] == "matmul"
+
+
+def test_plain_transposed_a_is_still_inlined_not_staged():
+    """A transpose that inlines to plain indices (A = Xᵀ) keeps reading the parameter: no staging copy."""
+    func = fused_kernel(lambda x, w: op.matmul(op.permute_dims(x), w), [(24, 19), (24, 32)])
+    mod = check_rule(MatmulRule(), func, host=NATIVE)
+    assert len([a for a in kernel_usage("k", mod["main"], get_target("ascend910b")).allocations
+                if a.scope == "local.UB"]) == 1

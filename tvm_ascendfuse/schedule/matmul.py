@@ -5,6 +5,8 @@ The kernel kind is recognised from the blocks, not the name: one reduction block
 classified by which buffers they index (batch: A, B, C; M: A, C; N: B, C; K: A, B). Anything after it must
 be injective (bias, activation, residual add); anything before it is either inlined (transposes, casts of
 parameters) or, when it holds reductions (a LayerNorm feeding the GEMM), scheduled as a row-parallel stage.
+An injective producer of A that would not inline to plain indices (attention's head merge, transpose +
+reshape: ``A[m, k] = X[k // d, m, k % d]``) is computed per register block into a packed A panel in UB.
 
 Tiling, NPU side: the mr x nr accumulator lives in ``local.UB``; tails of M/N are zero-padded
 (``pad_einsum``) so every tile, and so every UB buffer, has a constant size. With ``stage_a=True`` the A
@@ -321,6 +323,10 @@ class MatmulRule(ScheduleRule):
     def _schedule(self, sch, blocks, gi, info: GemmBlock, target, hv: HostVector):
         mm_name = sch.get(info.block).name_hint
         pro = [b for b in blocks[:gi] if not _is_preproc(sch, b)]
+        a_stage = _a_producer_to_stage(sch, pro, info)
+        if a_stage is not None:
+            pro = [b for b in pro if not sch.get(b).same_as(sch.get(a_stage))]
+            a_name = sch.get(a_stage).name_hint
         schedule_prologue(sch, pro, hv, mm_name)      # inlines transposes/casts: roles may now be params
         _, gi, info = find_gemm(sch)
         mm = info.block
@@ -354,14 +360,17 @@ class MatmulRule(ScheduleRule):
             b_read = next(i for i, r in enumerate(sch.get(mm).reads) if r.source.same_as(info.b_buf))
             mark_prepack(sch, mm, b_read, _pack_map(info, t.nr, len(info.b_buf.ty.shape)))
             packed = True
+        a_ub = _panel_block(sch, a_name, pads) if a_stage is not None else None
         for b in pads:
-            parallel_vector(sch, b, hv.lanes(str(info.a_buf.ty.dtype)))
+            if a_ub is None or not sch.get(b).same_as(sch.get(a_ub)):
+                parallel_vector(sch, b, hv.lanes(str(info.a_buf.ty.dtype)))
         loops = sch.get_loops(mm)
         outer = [loops[p] for p in info.batch] + [loops[p] for p in info.m[:-1]]
         i0, i1 = sch.split(loops[info.m[-1]], [None, t.mr])
         j0, j1, j2 = sch.split(loops[info.n], [None, t.nvec, t.vl])
         k_ext = ext(info.k)
-        if not self.stage_a or (k_ext is not None and k_ext <= t.kc):
+        stage_a = self.stage_a or a_stage is not None
+        if not stage_a or (k_ext is not None and k_ext <= t.kc):
             k0, k1 = sch.split(loops[info.k], [None, t.uk])
             ko = None
         else:
@@ -373,10 +382,16 @@ class MatmulRule(ScheduleRule):
             sch.set_scope(mm, 0, UB_SCOPE)                    # mr x nr accumulator tile
         else:                                                 # the GEMM writes the output: stage it
             epi = [sch.cache_write(mm, 0, UB_SCOPE)]
-        if self.stage_a:
+        a_lanes = hv.lanes(str(info.a_buf.ty.dtype))
+        if a_ub is not None:
+            # A's layout-changing producer, computed per register block (and K chunk) into a packed UB panel
+            sch.set_scope(a_ub, 0, UB_SCOPE)
+            sch.compute_at(a_ub, kl[0] if ko is not None else i0)
+            _vectorize_inner(sch, a_ub, a_lanes)
+        elif self.stage_a:
             a_ub = sch.cache_read(mm, info.a_read, UB_SCOPE)  # mr x kc A panel per K chunk
             sch.compute_at(a_ub, kl[0])
-            _vectorize_inner(sch, a_ub, hv.lanes(str(info.a_buf.ty.dtype)))
+            _vectorize_inner(sch, a_ub, a_lanes)
         if not self._epilogue(sch, epi, i0, hv.lanes(c_dtype), out_shape):
             # an epilogue that cannot consume the tile in place (a layout change the region analysis cannot
             # follow) reads the whole result: keep it in memory, not in UB
@@ -411,6 +426,40 @@ class MatmulRule(ScheduleRule):
                 continue
             _vectorize_inner(sch, b, lanes)
         return placed
+
+
+def _a_producer_to_stage(sch, pro, info: GemmBlock):
+    """The block writing A when inlining A's injective producers would leave the GEMM without plain A
+    indices (a head-merge transpose + reshape: ``A[m, k] = X[k // d, m, k % d]``), else None.
+
+    Decided on a scratch schedule of the same function, so ``sch`` (possibly traced) is only changed by
+    the primitives the rule then applies. A producer chain holding a reduction (LayerNorm) is left to
+    ``schedule_prologue``."""
+    a_blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(info.a_buf)), None)
+    if a_blk is None or any(_has_reduce(sch, p) for p in [a_blk, *_transitive_producers(sch, a_blk)]):
+        return None
+    probe = s_tir.Schedule(sch.mod)
+    names = {sch.get(b).name_hint for b in pro}
+    probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
+    try:
+        schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), sch.get(info.block).name_hint)
+        if find_gemm(probe) is not None:
+            return None
+    except _ERRORS:
+        pass
+    return a_blk
+
+
+def _panel_block(sch, a_name: str, pads):
+    """The block to stage as A's panel: A's producer, or the block padding A's M tail with that producer
+    inlined into it (one pass: gather, pad and pack)."""
+    a_blk = sch.get_sblock(a_name)
+    a_out = sch.get(a_blk).writes[0].source
+    for b in pads:
+        if any(r.source.same_as(a_out) for r in sch.get(b).reads):
+            sch.compute_inline(a_blk)
+            return b
+    return a_blk
 
 
 def _is_preproc(sch, block) -> bool:
