@@ -252,10 +252,10 @@ def test_epilogue_selecting_by_index_is_not_placed_per_tile():
 
 # ---- A through a layout-changing producer (attention's head merge) ------------------------------------
 
-def head_merge_linear(heads, seq, d):
-    """[1, heads, seq, d] -> permute(0, 2, 1, 3) -> reshape [1, seq, heads * d] -> @ W + bias + residual."""
+def head_merge_linear(heads, seq, d, batch=1):
+    """[b, heads, seq, d] -> permute(0, 2, 1, 3) -> reshape [b, seq, heads * d] -> @ W + bias + residual."""
     def build(a, w, b, r):
-        x = op.reshape(op.permute_dims(a, [0, 2, 1, 3]), (1, seq, heads * d))
+        x = op.reshape(op.permute_dims(a, [0, 2, 1, 3]), (batch, seq, heads * d))
         return op.add(op.add(op.matmul(x, w), b), r)
 
     return build
@@ -263,23 +263,47 @@ def head_merge_linear(heads, seq, d):
 
 @pytest.mark.parametrize("heads,seq,d,n,dtype", [
     (4, 37, 16, 48, "float32"),        # odd seq: M padded; N not a multiple of the register block
-    (16, 37, 64, 32, "float32"),       # K = 1024 beyond one UB chunk: the panel is staged per K chunk
+    (16, 37, 64, 32, "float32"),       # K = 1024
+    (16, 150, 64, 32, "float32"),      # 150 rows of K = 1024 exceed one L1 panel: groups of row blocks
     (2, 8, 8, 64, "float32"),          # M = one register block, no padding
     (4, 21, 16, 40, "float16"),
 ])
-def test_head_merge_producer_of_a_is_staged_in_ub(heads, seq, d, n, dtype):
+def test_head_merge_producer_of_a_is_staged_on_chip(heads, seq, d, n, dtype):
     """Inlined, the head merge leaves A indexed by k // d and k % d, which is no GEMM; the rule instead
-    computes A's producer per register block into a UB panel. Exact, within UB, and no root-level copy of A."""
+    computes A's producer into a packed panel of whole rows in L1, once per group of row blocks. Exact,
+    within UB and L1, and A never goes back to GM."""
     target = get_target("ascend910b")
     shapes = [(1, heads, seq, d), (heads * d, n), (n,), (1, seq, n)]
     func = fused_kernel(head_merge_linear(heads, seq, d), shapes, dtype=dtype)
     mod = check_rule(MatmulRule(), func, host=NATIVE, target=target)
-    main = mod["main"]
-    usage = kernel_usage("k", main, target)
+    usage = kernel_usage("k", mod["main"], target)
     assert usage.bytes("local.UB") <= target.ub_usable
-    assert len([a for a in usage.allocations if a.scope == "local.UB"]) == 2      # accumulator + A panel
-    assert all(a.scope == "local.UB" for a in usage.allocations)                  # A never goes back to GM
+    assert usage.bytes("local.L1") <= target.capacity("local.L1") // 2                   # double-buffered
+    assert sorted(a.scope for a in usage.allocations) == ["local.L1", "local.UB"]  # A panel + accumulator
     assert "T.parallel" in mod.script()
+
+
+def test_head_merge_with_batch():
+    shapes = [(3, 4, 13, 16), (64, 32), (32,), (3, 13, 32)]
+    check_rule(MatmulRule(), fused_kernel(head_merge_linear(4, 13, 16, batch=3), shapes), host=NATIVE)
+
+
+def test_head_merge_with_symbolic_sequence_stages_per_register_block():
+    """A symbolic M has no static L1 panel: A's producer goes per register block and K chunk into a UB panel
+    of constant size (the accumulator of a symbolic M stays in memory, as for any symbolic-M GEMM)."""
+    n = tirx.Var("n", "int64")
+    target = get_target("ascend910b")
+
+    def build(a, w, b):
+        return op.add(op.matmul(op.reshape(op.permute_dims(a, [0, 2, 1, 3]), (1, n, 1024)), w), b)
+
+    func = fused_kernel(build, [(1, 16, n, 64), (1024, 32), (32,)])
+    for rows in (5, 19):
+        mod = check_rule(MatmulRule(), func, host=NATIVE, target=target, sizes={"n": rows})
+    usage = kernel_usage("k", mod["main"], target)
+    assert [a.scope for a in usage.allocations if a.scope != "global"] == ["local.UB"]   # the A panel
+    assert all(a.nbytes is not None for a in usage.allocations if a.scope == "local.UB")
+    assert usage.bytes("local.UB") <= target.ub_usable
 
 
 def test_head_merge_kernel_gets_the_matmul_rule_in_the_report():

@@ -6,7 +6,8 @@ classified by which buffers they index (batch: A, B, C; M: A, C; N: B, C; K: A, 
 be injective (bias, activation, residual add); anything before it is either inlined (transposes, casts of
 parameters) or, when it holds reductions (a LayerNorm feeding the GEMM), scheduled as a row-parallel stage.
 An injective producer of A that would not inline to plain indices (attention's head merge, transpose +
-reshape: ``A[m, k] = X[k // d, m, k % d]``) is computed per register block into a packed A panel in UB.
+reshape: ``A[m, k] = X[k // d, m, k % d]``) is computed into a packed panel of whole A rows in L1, once per
+group of row blocks that every N tile reuses (per register block and K chunk in UB when M is symbolic).
 
 Tiling, NPU side: the mr x nr accumulator lives in ``local.UB``; tails of M/N are zero-padded
 (``pad_einsum``) so every tile, and so every UB buffer, has a constant size. With ``stage_a=True`` the A
@@ -30,7 +31,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
-from .base import UB_SCOPE, ScheduleRule
+from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
 from .common import accumulating_store, extent, ok, root_blocks, tile_local, try_
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
@@ -339,14 +340,17 @@ class MatmulRule(ScheduleRule):
         t = choose_tiles(m_ext, n_ext, ext(info.k), c_dtype, hv, npu)
         if self.tiles is not None:
             t = self.tiles(sch, t, lambda: tile_candidates(m_ext, n_ext, ext(info.k), c_dtype, hv, npu))
-        pad_m = m_ext is None or m_ext % t.mr != 0
+        k_ext = ext(info.k)
+        blocks_per_panel = _l1_panel_blocks(m_ext, k_ext, t, str(info.a_buf.ty.dtype), npu) if a_stage is not None else 0
+        m_step = t.mr * max(1, blocks_per_panel)
+        pad_m = m_ext is None or m_ext % m_step != 0
         pad_n = n_ext is None or n_ext % t.nr != 0
         before = {sch.get(b).name_hint for b in root_blocks(sch)}
         if pad_m or pad_n:
             # tails become whole register blocks over zero-padded operands: every tile (and so every UB
             # buffer) has a constant size, and the micro-kernel needs no predicate
             padding = [1] * len(sch.get(mm).iter_vars)
-            padding[info.m[-1]] = t.mr if pad_m else 1
+            padding[info.m[-1]] = m_step if pad_m else 1
             padding[info.n] = t.nr if pad_n else 1
             sch.pad_einsum(mm, padding)
         blocks = list(root_blocks(sch))
@@ -368,22 +372,32 @@ class MatmulRule(ScheduleRule):
         outer = [loops[p] for p in info.batch] + [loops[p] for p in info.m[:-1]]
         i0, i1 = sch.split(loops[info.m[-1]], [None, t.mr])
         j0, j1, j2 = sch.split(loops[info.n], [None, t.nvec, t.vl])
-        k_ext = ext(info.k)
-        stage_a = self.stage_a or a_stage is not None
+        stage_a = self.stage_a or (a_stage is not None and not blocks_per_panel)
         if not stage_a or (k_ext is not None and k_ext <= t.kc):
             k0, k1 = sch.split(loops[info.k], [None, t.uk])
             ko = None
         else:
             ko, k0, k1 = sch.split(loops[info.k], [None, t.kc // t.uk, t.uk])
         kl = [ko, k0, k1] if ko is not None else [k0, k1]
-        sch.reorder(*outer, j0, i0, *kl, i1, j1, j2)
+        if blocks_per_panel:
+            ib, i0 = sch.split(i0, [None, blocks_per_panel])
+            sch.reorder(*outer, ib, j0, i0, *kl, i1, j1, j2)
+        else:
+            sch.reorder(*outer, j0, i0, *kl, i1, j1, j2)
         epi = list(blocks[gi + 1:])
         if epi or pad_m or pad_n:
             sch.set_scope(mm, 0, UB_SCOPE)                    # mr x nr accumulator tile
         else:                                                 # the GEMM writes the output: stage it
             epi = [sch.cache_write(mm, 0, UB_SCOPE)]
         a_lanes = hv.lanes(str(info.a_buf.ty.dtype))
-        if a_ub is not None:
+        if a_ub is not None and blocks_per_panel:
+            # A's layout-changing producer, computed once per group of register-block rows into a packed
+            # panel of whole rows in L1 (the cube's operand buffer), which every N tile then reads
+            sch.set_scope(a_ub, 0, L1_SCOPE)
+            sch.compute_at(a_ub, ib)
+            _vectorize_inner(sch, a_ub, a_lanes)
+            try_(sch.parallel, sch.get_loops(a_ub)[len(outer) + 1])
+        elif a_ub is not None:
             # A's layout-changing producer, computed per register block (and K chunk) into a packed UB panel
             sch.set_scope(a_ub, 0, UB_SCOPE)
             sch.compute_at(a_ub, kl[0] if ko is not None else i0)
@@ -400,7 +414,7 @@ class MatmulRule(ScheduleRule):
         try_(sch.unroll, j1)
         try_(sch.unroll, i1)
         try_(sch.unroll, k1)
-        par = sch.fuse(*outer, j0) if outer else j0
+        par = sch.fuse(*outer, j0) if outer and not blocks_per_panel else j0
         sch.parallel(par)
         init = sch.decompose_reduction(mm, kl[0])             # last: leaves the update without init
         il = sch.get_loops(init)
@@ -448,6 +462,24 @@ def _a_producer_to_stage(sch, pro, info: GemmBlock):
     except _ERRORS:
         pass
     return a_blk
+
+
+def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarget) -> int:
+    """Register blocks of rows per staged A panel in L1 (0: stage per register block in UB instead).
+
+    A panel per register block is re-staged for every N tile (N / nr times); whole rows of A staged once
+    per group of row blocks are staged once in all, and each weight panel is reused by the whole group.
+    Groups from half to all of what fits double-buffered L1, the one that pads M least (then the largest)."""
+    if m_ext is None or k_ext is None:
+        return 0
+    copies = 2 if target.double_buffer else 1
+    row_bytes = k_ext * (tvm.DataType(dtype).bits // 8)
+    cap = target.capacity(L1_SCOPE) // copies // (t.mr * row_bytes)
+    if cap < 2:
+        return 0
+    blocks = -(-m_ext // t.mr)
+    sizes = range(min(blocks, -(-cap // 2)), min(blocks, cap) + 1)
+    return min(sizes, key=lambda g: (-(-blocks // g) * g, -g))
 
 
 def _panel_block(sch, a_name: str, pads):
