@@ -306,17 +306,25 @@ def test_head_merge_with_symbolic_sequence_stages_per_register_block():
     assert usage.bytes("local.UB") <= target.ub_usable
 
 
-def test_head_merge_kernel_gets_the_matmul_rule_in_the_report():
+@pytest.mark.parametrize("preset", ["ascend910b", "ascend310p"])
+@pytest.mark.parametrize("seq", [256, 37])
+def test_head_merge_kernel_gets_the_matmul_rule_and_passes_ub_verification(preset, seq):
+    """W7's output projection shape (16 heads x 64, N 1024) through the schedule and verification phases."""
+    from tvm_ascendfuse.analysis.verify_ub import VerifyUBCapacity
     from tvm_ascendfuse.report import FusionReport
     from tvm_ascendfuse.schedule.apply import ApplyUBSchedules
 
-    func = fused_kernel(head_merge_linear(4, 37, 16), [(1, 4, 37, 16), (64, 48), (48,), (1, 37, 48)])
+    func = fused_kernel(head_merge_linear(16, seq, 64), [(1, 16, seq, 64), (1024, 1024), (1024,), (1, seq, 1024)])
     report = FusionReport()
     report.set_kernels([{"name": "fused_head_merge_linear", "launches": 1}])
-    ApplyUBSchedules(get_target("ascend910b"), report, NATIVE)(
+    target = get_target(preset)
+    mod = ApplyUBSchedules(target, report, NATIVE)(
         tvm.IRModule({tvm.ir.GlobalVar("fused_head_merge_linear"): func.with_attr("global_symbol", "k")}))
     assert report.sections["schedules"] == {"fused_head_merge_linear": "matmul"}
     assert report.kernels[0]["rule"] == "matmul"
+    VerifyUBCapacity(target, report)(mod)
+    scopes = report.sections["ub_usage"]["fused_head_merge_linear"]["scopes"]
+    assert set(scopes) == {"local.UB", "local.L1"}
 
 
 def test_plain_transposed_a_is_still_inlined_not_staged():
