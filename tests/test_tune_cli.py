@@ -12,7 +12,7 @@ from tvm_ascendfuse import compile_model
 from tvm_ascendfuse.cli import main
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.schedule.tuned import RECORDS_FILE, SCHEDULES_ENV, WORKLOADS_FILE, open_database
-from tvm_ascendfuse.tune import tile_decision
+from tvm_ascendfuse.tune import tile_decision, worth_recording
 from tvm_ascendfuse.workloads import mlp3
 
 ort = pytest.importorskip("onnxruntime")
@@ -101,6 +101,7 @@ def test_tune_a_conv_kernel_and_compile_with_its_record(tmp_path, capsys, monkey
     path = tmp_path / "conv.onnx"
     onnx.save(model, str(path))
     out = tmp_path / "sched"
+    monkeypatch.setattr("tvm_ascendfuse.tune.MIN_GAIN", -10.0)   # record every pick, slower ones too
     assert main(["tune", str(path), "--trials", "3", "-o", str(out), "--portable"]) == 0
     assert "conv2d" in capsys.readouterr().out
     records = list(open_database(out / "ascend910b").get_all_tuning_records())
@@ -120,3 +121,10 @@ def test_tune_a_conv_kernel_and_compile_with_its_record(tmp_path, capsys, monkey
                 and str(i.attrs[0]) == "ascendfuse.schedule")
     assert str(note).strip('"') in script                        # the record's tiles, not the rule's
     np.testing.assert_allclose(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tuned_pick_is_recorded_only_when_it_beats_the_default_by_the_margin():
+    timed = [(0, 1.00e-3, "default"), (3, 0.99e-3, "noise"), (5, 0.90e-3, "win"), (7, 1.2e-3, "slower")]
+    assert [r for r, _ in worth_recording(timed, min_gain=0.03)] == ["default", "win"]
+    # the default failed to run: nothing to compare against, keep what ran
+    assert [r for r, _ in worth_recording(timed[1:], min_gain=0.03)] == ["noise", "win", "slower"]
