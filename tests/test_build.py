@@ -81,3 +81,18 @@ def test_default_jobs_leaves_busy_cores_out(monkeypatch):
     assert build.default_jobs(host) == 1
     monkeypatch.setattr(build, "_others_running", lambda: None)
     assert build.default_jobs(host) == 4
+
+
+def test_without_relax_builds_private_steps_tvm_compile_builds_it(monkeypatch):
+    """A TVM whose vm_build lacks the steps build() splits falls back to tvm.compile (same numbers)."""
+    import tvm_ascendfuse.build as build
+
+    assert build.split_build_available()
+    monkeypatch.setattr(build, "split_build_available", lambda: False)
+    called, real = [], build.tvm.compile
+    monkeypatch.setattr(build.tvm, "compile", lambda *a, **k: called.append(1) or real(*a, **k))
+    mod = _bert()
+    x = random_inputs(mod)
+    result = af.compile_model(mod, portable=True)
+    assert called
+    np.testing.assert_allclose(run_vm(result.executable, x), run_reference(mod, x), **tol("float32"))

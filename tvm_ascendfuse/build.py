@@ -46,8 +46,19 @@ def _others_running() -> int | None:
     return max(0, min(counts) - 1)
 
 
+# relax.build's steps used here are private to tvm.relax.vm_build (TVM 0.27); without them, tvm.compile.
+_VM_BUILD_STEPS = ("_vmcodegen", "_filter_tir", "_auto_attach_system_lib_prefix", "_is_device_module", "_ffi_api")
+
+
+def split_build_available() -> bool:
+    return all(hasattr(vm_build, n) for n in _VM_BUILD_STEPS) and hasattr(vm_build._ffi_api, "VMLink")
+
+
 def build(mod: tvm.IRModule, target, relax_pipeline, jobs: int | None = None):
     """``relax.build(mod, target, relax_pipeline=relax_pipeline)`` with the TIR build on ``jobs`` threads."""
+    if not split_build_available():
+        with _build_context():
+            return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline)
     with target:
         mod = relax_pipeline(mod)
     attrs = dict(mod.attrs) if mod.attrs else {}
