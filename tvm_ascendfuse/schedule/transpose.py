@@ -5,10 +5,15 @@ NCHW (columns contiguous). Read with the columns on the lanes, every vector is `
 (LLVM: one scalar load and insert per lane). This tensor intrinsic instead loads the ``rows`` accumulator
 vectors once and transposes them with two-source shuffles (unpack ps, unpack pd, then two output rows per
 full-width shuffle, stored whole): 3 shuffle stages instead of one load+insert per element.
+
+The input side (``transpose_load``) is the mirror image: a pointwise conv stages its NCHW input NCHW[16]c,
+which read lane by lane is one scalar load and insert per element; 16 channel rows of 8 columns are instead
+loaded as 8-lane vectors, paired into 16-lane vectors and transposed by 3 shuffle stages into 8 whole rows.
 """
 
 from __future__ import annotations
 
+import tvm
 from tvm.s_tir import TensorIntrin
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
@@ -118,6 +123,128 @@ def transpose_store(sch, epilogue, acc_buf, rows: int, lanes: int) -> bool:
     try:
         apply(sch.copy())
     except Exception:  # noqa: BLE001 - a tile the intrinsic does not match: keep the strided epilogue
+        return False
+    apply(sch)
+    return True
+
+
+# ---- input side: NCHW input -> NCHW[lanes]c staging of a pointwise conv ----------------------------------
+
+IN_LANES, IN_COLS = 16, 8   # channels x columns of the tile: 16 rows of one 8-lane load -> 8 rows of 16 lanes
+
+
+def _in_name(dtype: str, lanes: int, cols: int) -> str:
+    return f"ascendfuse_transpose_in_{lanes}x{cols}_{dtype}"
+
+
+def _build_in(dtype: str, lanes: int, cols: int, impl: bool):
+    """(lanes channels x cols columns of the NCHW input, rows a channel plane apart) -> (cols x lanes) of the
+    NCHW[lanes]c staging buffer: description (a plain transpose block) or shuffle-network implementation."""
+    i64 = T.int64
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("f")
+            a, b = T.arg("a", T.handle()), T.arg("b", T.handle())
+            # (channel, row, column): tensorize matches the trailing dims of the input's 4-d region
+            A = T.match_buffer(a, (i64(lanes), i64(1), i64(cols)), dtype, strides=[T.int64(), T.int64(), i64(1)],
+                               offset_factor=1)
+            B = T.match_buffer(b, (i64(cols), i64(lanes)), dtype, strides=[i64(lanes), i64(1)], offset_factor=1)
+            with T.sblock("root"):
+                T.reads(A[i64(0):i64(lanes), i64(0):i64(1), i64(0):i64(cols)])
+                T.writes(B[i64(0):i64(cols), i64(0):i64(lanes)])
+                if impl:
+                    _in_shuffle_network(A, B, dtype, lanes, cols)
+                else:
+                    with T.grid(i64(lanes), i64(cols)) as (i, j):
+                        with T.sblock("transpose"):
+                            vi, vj = T.axis.remap("SS", [i, j])
+                            T.buffer_store(B, A[vi, i64(0), vj], [vj, vi])
+    return ib.get()
+
+
+def in_transpose_lanes(lanes: int, cols: int):
+    """Lane sources of the 16x8 input network, as (stage list, outputs), for the exactness test and the
+    builder alike: each stage entry is (operand a, operand b, shuffle indices) over earlier values; values
+    0..lanes-1 are the loaded rows (channels, ``cols`` lanes each)."""
+    half = cols                                # a loaded row fills half an output vector
+    vals: list = []                            # (a, b, idx)
+    nrow = lanes
+
+    def add(a, b, idx):
+        vals.append((a, b, list(idx)))
+        return nrow + len(vals) - 1
+
+    # stage 0 (insert 256-bit half): z[k] = rows k and k + 8 side by side (channel k on half 0, k+8 on half 1)
+    z = [add(k, k + half, range(2 * half)) for k in range(half)]
+    quads = lanes // 4
+    # stage 1 (unpacklo/hi_ps of z pairs) and stage 2 (unpacklo/hi_pd): an 8x8 transpose in each 256-bit half
+    lo = [k for q in range(quads) for k in (4 * q, lanes + 4 * q, 4 * q + 1, lanes + 4 * q + 1)]
+    st1 = {(h, p): add(z[2 * p], z[2 * p + 1], [k + 2 * h for k in lo]) for h in (0, 1) for p in range(half // 2)}
+    st2 = {}
+    for g in range(half // 4):
+        for j in range(4):
+            off = 2 * (j % 2)
+            idx = [k for q in range(quads) for k in (4 * q + off, 4 * q + off + 1,
+                                                     lanes + 4 * q + off, lanes + 4 * q + off + 1)]
+            st2[g, j] = add(st1[j // 2, 2 * g], st1[j // 2, 2 * g + 1], idx)
+    # stage 3: quad q = 2h + l of st2[g, j] holds channels 8h+4g..+3 of column 4l+j; output column c = 4l+j
+    # takes channels 0-3, 4-7, 8-11, 12-15 from (g, h) = (0, 0), (1, 0), (0, 1), (1, 1): one 2-source shuffle
+    outs = []
+    for c in range(cols):
+        l, j = divmod(c, 4)
+        idx = [base + 4 * (2 * h + l) + k for h in (0, 1) for base in (0, lanes) for k in range(4)]
+        outs.append(add(st2[0, j], st2[1, j], idx))
+    return vals, outs
+
+
+def _in_shuffle_network(A, B, dtype: str, lanes: int, cols: int) -> None:
+    i64 = T.int64
+    vals, outs = in_transpose_lanes(lanes, cols)
+    env = [A.vload([i64(i), i64(0), i64(0)], f"{dtype}x{cols}") for i in range(lanes)]
+    for a, b, idx in vals:
+        env.append(T.Shuffle([env[a], env[b]], idx))
+    for c, o in enumerate(outs):
+        T.buffer_store(B, env[o], [i64(c), T.Ramp(i64(0), i64(1), lanes)])
+
+
+def in_transpose_intrin(dtype: str, lanes: int, cols: int) -> str | None:
+    """Name of the registered (lanes x cols) -> (cols x lanes) input transpose, None when this tile shape
+    has no shuffle network here (only 16 channels x 8 columns: AVX-512 fp32)."""
+    if (lanes, cols) != (IN_LANES, IN_COLS) or tvm.DataType(dtype).bits != 32:
+        return None
+    name = _in_name(dtype, lanes, cols)
+    try:
+        TensorIntrin.get(name)
+    except Exception:  # noqa: BLE001 - not registered yet
+        desc, impl = (_build_in(dtype, lanes, cols, i) for i in (False, True))
+        TensorIntrin.register(name, desc, impl)
+    return name
+
+
+def transpose_load(sch, stage, lanes: int) -> bool:
+    """Tensorize the NCHW -> NCHW[lanes]c staging copy ``stage`` of a pointwise conv's input (loops
+    (..., w, c) with c the ``lanes`` vector loop) as (lanes x 8) register transposes: 8-column vector loads
+    and whole-vector stores instead of one scalar load and insert per element. Tried on a copy first:
+    False (schedule untouched) when the tile does not apply (width not a multiple of 8, other dtype, ...)."""
+    dtype = str(sch.get(stage).writes[0].source.ty.dtype)
+    name = in_transpose_intrin(dtype, lanes, IN_COLS)
+    if name is None:
+        return False
+
+    *_, pw, _ = sch.get_loops(stage)
+    width = sch.get(pw).extent
+    if not isinstance(width, tvm.tirx.IntImm) or int(width) % IN_COLS:
+        return False        # no whole 8-column tiles (checked first: a failed tensorize renders the module)
+
+    def apply(s):
+        *_, pw, pci = s.get_loops(stage)
+        _, wi = s.split(pw, [None, IN_COLS])
+        s.reorder(pci, wi)
+        s.tensorize(pci, name)
+
+    try:
+        apply(sch.copy())
+    except Exception:  # noqa: BLE001 - a tile the intrinsic does not match: keep the gathered copy
         return False
     apply(sch)
     return True
