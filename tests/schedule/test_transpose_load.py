@@ -104,3 +104,27 @@ def test_other_widths_keep_the_gather(xs, ws, stride):
     script = Conv2dRule(**RULE).apply(func, NPU, AVX512).mod.script()
     assert "pad_temp_o" not in script and "_o\"" not in script.split("conv2d_nchw")[0]
     check_rule(Conv2dRule(**RULE), func, host=NATIVE)
+
+
+def test_a_database_with_the_input_transpose_opens_in_a_fresh_process(tmp_path):
+    """A tuned pointwise conv's trace tensorizes with the input-side intrinsic too; opening the database in a
+    process that has not scheduled a conv yet must register it (and the output side) by name."""
+    import subprocess
+    import sys
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_ascendfuse.schedule.tuned import RECORDS_FILE, WORKLOADS_FILE
+
+    func = _pointwise((1, 32, 5, 16), (48, 32, 1, 1))
+    sch = Conv2dRule(**RULE).apply(func, NPU, AVX512)
+    assert "ascendfuse_transpose_in_16x8_float32" in str(sch.trace)
+    workload = tvm.IRModule({"main": func})
+    db = ms.database.JSONDatabase(path_workload=str(tmp_path / WORKLOADS_FILE),
+                                  path_tuning_record=str(tmp_path / RECORDS_FILE), allow_missing=True)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(workload), [1e-3], AVX512,
+                                                     ms.arg_info.ArgInfo.from_prim_func(func)))
+    code = ("import sys; from tvm_ascendfuse.schedule.tuned import open_database; "
+            "print(len(open_database(sys.argv[1]).get_all_tuning_records()))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]

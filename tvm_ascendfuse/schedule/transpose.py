@@ -13,6 +13,8 @@ loaded as 8-lane vectors, paired into 16-lane vectors and transposed by 3 shuffl
 
 from __future__ import annotations
 
+import re
+
 import tvm
 from tvm.s_tir import TensorIntrin
 from tvm.script.ir_builder import IRBuilder
@@ -50,28 +52,53 @@ def _build(dtype: str, rows: int, lanes: int, impl: bool):
     return ib.get()
 
 
+def _unpack_ps(lanes: int, half: int) -> list[int]:
+    """Two-source shuffle like unpacklo/hi_ps per 128-bit quad: lane quad q takes elements 4q+{0,1} (half 0)
+    or 4q+{2,3} (half 1) of both sources, interleaved."""
+    return [k + 2 * half for q in range(lanes // 4) for k in (4 * q, lanes + 4 * q, 4 * q + 1, lanes + 4 * q + 1)]
+
+
+def _unpack_pd(lanes: int, j: int) -> list[int]:
+    """Two-source shuffle like unpacklo/hi_pd per quad: pair 0 (j even) or pair 1 (j odd) of each source."""
+    off = 2 * (j % 2)
+    return [k for q in range(lanes // 4) for k in (4 * q + off, 4 * q + off + 1, lanes + 4 * q + off,
+                                                   lanes + 4 * q + off + 1)]
+
+
+def _register_once(name: str, build) -> str:
+    """Register intrinsic ``name`` from ``build(impl: bool)`` unless this process already has it."""
+    try:
+        TensorIntrin.get(name)
+    except Exception:  # noqa: BLE001 - not registered yet
+        TensorIntrin.register(name, build(False), build(True))
+    return name
+
+
+def _apply_on_copy_first(sch, apply) -> bool:
+    """``apply(sch)`` if it succeeds on a copy of ``sch``; False (``sch`` untouched) when it raises."""
+    try:
+        apply(sch.copy())
+    except Exception:  # noqa: BLE001 - a tile the intrinsic does not match: the caller keeps its loops
+        return False
+    apply(sch)
+    return True
+
+
 def _shuffle_network(A, B, dtype: str, rows: int, lanes: int) -> None:
     """Stores of the transposed tile. Expressions, not bindings: a bound vector becomes a local buffer,
     allocated per parallel task."""
     i64 = T.int64
-    quads = lanes // 4
     row = [A.vload([i64(i), i64(0)], f"{dtype}x{lanes}") for i in range(rows)]
 
     def shuffle(x, y, idx):
         return T.Shuffle([x, y], list(idx))
 
     # stage 1 (unpacklo/hi_ps of row pairs): lane quad q holds rows 2p, 2p+1 of channels 4q+{0,1} / 4q+{2,3}
-    lo = [k for q in range(quads) for k in (4 * q, lanes + 4 * q, 4 * q + 1, lanes + 4 * q + 1)]
-    st1 = {(half, p): shuffle(row[2 * p], row[2 * p + 1], [k + 2 * half for k in lo]) for half in (0, 1)
+    st1 = {(half, p): shuffle(row[2 * p], row[2 * p + 1], _unpack_ps(lanes, half)) for half in (0, 1)
            for p in range(rows // 2)}
     # stage 2 (unpacklo/hi_pd): c[g, j] lane quad q = rows 4g..4g+3 of channel 4q+j
-    st2 = {}
-    for g in range(rows // 4):
-        for j in range(4):
-            off = 2 * (j % 2)
-            idx = [k for q in range(quads) for k in (4 * q + off, 4 * q + off + 1,
-                                                     lanes + 4 * q + off, lanes + 4 * q + off + 1)]
-            st2[g, j] = shuffle(st1[j // 2, 2 * g], st1[j // 2, 2 * g + 1], idx)
+    st2 = {(g, j): shuffle(st1[j // 2, 2 * g], st1[j // 2, 2 * g + 1], _unpack_pd(lanes, j))
+           for g in range(rows // 4) for j in range(4)}
 
     # stage 3: output row 4q+j = quad q of c[0, j] (rows 0-3) then of c[1, j] (rows 4-7). Output rows are
     # contiguous (stride = rows), so rows 2m, 2m+1 are one full-width store through a flat view of B
@@ -92,13 +119,7 @@ def transpose_intrin(dtype: str, rows: int, lanes: int) -> str | None:
     shape has no shuffle network here (only 8 rows of 16 lanes: AVX-512 fp32 with 8 output columns)."""
     if (rows, lanes) != (ROWS, LANES):
         return None
-    name = _name(dtype, rows, lanes)
-    try:
-        TensorIntrin.get(name)
-    except Exception:  # noqa: BLE001 - not registered yet
-        desc, impl = (_build(dtype, rows, lanes, i) for i in (False, True))
-        TensorIntrin.register(name, desc, impl)
-    return name
+    return _register_once(_name(dtype, rows, lanes), lambda impl: _build(dtype, rows, lanes, impl))
 
 
 def transpose_store(sch, epilogue, acc_buf, rows: int, lanes: int) -> bool:
@@ -120,12 +141,7 @@ def transpose_store(sch, epilogue, acc_buf, rows: int, lanes: int) -> bool:
                            lambda n, fo, y, x, fi: (n, y, x // rows, fo * lanes + fi, x % rows))
         s.tensorize(s.get_loops(tile)[-2], name)
 
-    try:
-        apply(sch.copy())
-    except Exception:  # noqa: BLE001 - a tile the intrinsic does not match: keep the strided epilogue
-        return False
-    apply(sch)
-    return True
+    return _apply_on_copy_first(sch, apply)       # else the epilogue keeps its strided reads
 
 
 # ---- input side: NCHW input -> NCHW[lanes]c staging of a pointwise conv ----------------------------------
@@ -176,17 +192,10 @@ def in_transpose_lanes(lanes: int, cols: int):
 
     # stage 0 (insert 256-bit half): z[k] = rows k and k + 8 side by side (channel k on half 0, k+8 on half 1)
     z = [add(k, k + half, range(2 * half)) for k in range(half)]
-    quads = lanes // 4
     # stage 1 (unpacklo/hi_ps of z pairs) and stage 2 (unpacklo/hi_pd): an 8x8 transpose in each 256-bit half
-    lo = [k for q in range(quads) for k in (4 * q, lanes + 4 * q, 4 * q + 1, lanes + 4 * q + 1)]
-    st1 = {(h, p): add(z[2 * p], z[2 * p + 1], [k + 2 * h for k in lo]) for h in (0, 1) for p in range(half // 2)}
-    st2 = {}
-    for g in range(half // 4):
-        for j in range(4):
-            off = 2 * (j % 2)
-            idx = [k for q in range(quads) for k in (4 * q + off, 4 * q + off + 1,
-                                                     lanes + 4 * q + off, lanes + 4 * q + off + 1)]
-            st2[g, j] = add(st1[j // 2, 2 * g], st1[j // 2, 2 * g + 1], idx)
+    st1 = {(h, p): add(z[2 * p], z[2 * p + 1], _unpack_ps(lanes, h)) for h in (0, 1) for p in range(half // 2)}
+    st2 = {(g, j): add(st1[j // 2, 2 * g], st1[j // 2, 2 * g + 1], _unpack_pd(lanes, j))
+           for g in range(half // 4) for j in range(4)}
     # stage 3: quad q = 2h + l of st2[g, j] holds channels 8h+4g..+3 of column 4l+j; output column c = 4l+j
     # takes channels 0-3, 4-7, 8-11, 12-15 from (g, h) = (0, 0), (1, 0), (0, 1), (1, 1): one 2-source shuffle
     outs = []
@@ -212,13 +221,7 @@ def in_transpose_intrin(dtype: str, lanes: int, cols: int) -> str | None:
     has no shuffle network here (only 16 channels x 8 columns: AVX-512 fp32)."""
     if (lanes, cols) != (IN_LANES, IN_COLS) or tvm.DataType(dtype).bits != 32:
         return None
-    name = _in_name(dtype, lanes, cols)
-    try:
-        TensorIntrin.get(name)
-    except Exception:  # noqa: BLE001 - not registered yet
-        desc, impl = (_build_in(dtype, lanes, cols, i) for i in (False, True))
-        TensorIntrin.register(name, desc, impl)
-    return name
+    return _register_once(_in_name(dtype, lanes, cols), lambda impl: _build_in(dtype, lanes, cols, impl))
 
 
 def transpose_load(sch, stage, lanes: int) -> bool:
@@ -242,9 +245,20 @@ def transpose_load(sch, stage, lanes: int) -> bool:
         s.reorder(pci, wi)
         s.tensorize(pci, name)
 
-    try:
-        apply(sch.copy())
-    except Exception:  # noqa: BLE001 - a tile the intrinsic does not match: keep the gathered copy
-        return False
-    apply(sch)
-    return True
+    return _apply_on_copy_first(sch, apply)       # else the staging keeps its gathered copy
+
+
+# ---- by name: a tuning database's traces tensorize with these intrinsics before any rule registered them ----
+
+INTRIN_NAME = re.compile(r"ascendfuse_transpose\w*")
+_BY_NAME = ((re.compile(r"ascendfuse_transpose_(\d+)x(\d+)_(\w+)"), transpose_intrin),
+            (re.compile(r"ascendfuse_transpose_in_(\d+)x(\d+)_(\w+)"), in_transpose_intrin))
+
+
+def register_named(name: str) -> bool:
+    """Register intrinsic ``name`` as ``_name`` / ``_in_name`` spell it; False when it is none of ours."""
+    for pattern, make in _BY_NAME:
+        m = pattern.fullmatch(name)
+        if m:
+            return make(m[3], int(m[1]), int(m[2])) is not None
+    return False

@@ -9,7 +9,6 @@ rewrite), so records tuned on these kernels match them structurally; kernels wit
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import tvm
@@ -54,17 +53,14 @@ def open_database(folder: str | os.PathLike):
 
 
 def register_intrinsics(records: Path) -> None:
-    """Register the tensor intrinsics the records' traces name (the conv's register transpose): the rules
-    register them on first use, but reading a database parses every trace, and a ``tensorize`` of an
-    intrinsic this process has not registered yet fails the whole database."""
-    from .transpose import transpose_intrin
+    """Register the tensor intrinsics the records' traces name (the conv's register transposes, output and
+    input side): the rules register them on first use, but reading a database parses every trace, and a
+    ``tensorize`` of an intrinsic this process has not registered yet fails the whole database."""
+    from .transpose import INTRIN_NAME, register_named
 
     if records.is_file():
-        for rows, lanes, dtype in set(_TRANSPOSE_NAME.findall(records.read_text())):
-            transpose_intrin(dtype, int(rows), int(lanes))
-
-
-_TRANSPOSE_NAME = re.compile(r"ascendfuse_transpose_(\d+)x(\d+)_(\w+?)\b")
+        for name in set(INTRIN_NAME.findall(records.read_text())):
+            register_named(name)
 
 
 class TunedRecordRule(ScheduleRule):
