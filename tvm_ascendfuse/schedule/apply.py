@@ -7,8 +7,7 @@ and is marked ``tirx.is_scheduled``; the report gets the rule per kernel.
 
 from __future__ import annotations
 
-import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 
 from ..analysis.ub_usage import kernel_usage, normalize_scope_aliases
 from ..passbase import PyPass
@@ -25,7 +24,7 @@ from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
-from .reduction import GemmNormRule, ReductionRule, is_product_block
+from .reduction import GemmNormRule, ReductionRule, reduction_kinds
 from .tuned import TunedRecordRule, open_database, records_dir
 
 # Most specific first. Attention (two products around a softmax) and several independent products
@@ -44,9 +43,7 @@ def product_blocks(func: tirx.PrimFunc) -> int:
     """GEMM-like blocks (``reduction.is_product_block``) of a kernel, counted without building a schedule:
     a rule with ``min_products`` above the count is not tried (each rule's own analysis builds a schedule
     first, tens of ms per rule and kernel)."""
-    found = []
-    tvm_ffi.structural_walk(func, (s_tir.SBlock, lambda b: found.append(b) if is_product_block(b) else None))
-    return len(found)
+    return reduction_kinds(func).count("P")
 
 
 def _all_static(func: tirx.PrimFunc) -> bool:

@@ -23,7 +23,7 @@ from .base import UB_SCOPE, ScheduleRule
 from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
                      num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction
-from .reduction import ReductionRule, _leading_s, is_contraction, is_product_block
+from .reduction import ReductionRule, _leading_s, is_contraction, reduction_kinds
 
 
 def is_cheap(sch, block) -> bool:
@@ -213,18 +213,7 @@ class AttentionRule(ScheduleRule):
 def _reduction_between_products(func: tirx.PrimFunc) -> bool:
     """Whether some non-product reduction block (the softmax) lies between two product blocks, in program
     order; a cheap necessary condition for the rule, read off the unscheduled function."""
-    kinds = []
-
-    def visit(block):
-        if block.name_hint == "root":
-            return
-        if is_product_block(block):
-            kinds.append("P")
-        elif any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars):
-            kinds.append("R")
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
-    order = "".join(kinds)
+    order = reduction_kinds(func)
     first, last = order.find("P"), order.rfind("P")
     return first >= 0 and "R" in order[first:last]
 

@@ -110,7 +110,7 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
     i_loop, j_loop, k_loop = by_iter.get(spatial[-2]), by_iter.get(spatial[-1]), by_iter.get(red[0])
     if i_loop is None or j_loop is None or k_loop is None:
         return False
-    i_ext, j_ext, k_ext = extent(sch, i_loop), extent(sch, j_loop), extent(sch, k_loop)
+    i_ext, j_ext = extent(sch, i_loop), extent(sch, j_loop)
     v = vector_width_for(j_ext, lanes)
     if j_ext is None or v < 2:
         return False

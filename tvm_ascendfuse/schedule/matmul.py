@@ -27,7 +27,6 @@ import logging
 from dataclasses import dataclass, field
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
@@ -36,7 +35,7 @@ from .common import accumulating_store, extent, ok, root_blocks, tile_local, try
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
-from .reduction import is_product_block
+from .reduction import reduction_kinds
 
 
 _LOG = logging.getLogger(__name__)
@@ -172,14 +171,7 @@ def find_gemm(sch: s_tir.Schedule):
 def _last_reduction_is_product(func: tirx.PrimFunc) -> bool:
     """``find_gemm``'s first requirement read off the function without building a schedule: the last
     reduction block is GEMM-like (a norm or softmax after the GEMM belongs to another rule)."""
-    last = []
-
-    def visit(block):
-        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
-            last[:] = [block]
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
-    return bool(last) and is_product_block(last[0])
+    return reduction_kinds(func).endswith("P")
 
 
 def _has_reduce(sch, block) -> bool:

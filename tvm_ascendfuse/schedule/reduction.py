@@ -58,6 +58,20 @@ def is_product_block(stmt) -> bool:
     return any(a - b and b - a for a in used for b in used)
 
 
+def reduction_kinds(func: tirx.PrimFunc) -> str:
+    """The kernel's reduction blocks in program order, read off the function without building a schedule:
+    ``P`` a product block (``is_product_block``), ``R`` any other reduction. The rules' cheap pre-checks
+    (how many products, what follows the last one, a softmax between two) are string tests on it."""
+    kinds = []
+
+    def visit(block):
+        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
+            kinds.append("P" if is_product_block(block) else "R")
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
+    return "".join(kinds)
+
+
 def is_contraction(sch: s_tir.Schedule, block) -> bool:
     """``is_product_block`` for a block of a schedule."""
     return is_product_block(sch.get(block))
