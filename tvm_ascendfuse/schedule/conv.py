@@ -482,28 +482,26 @@ def _subsample_strided_pointwise(sch, conv, info: ConvBlock, pro, out_hw):
     return ([rb], info) if info is not None else None
 
 
-def _row_blocks(oh: int, cores: int, fits=None) -> int | None:
-    """Blocks of output rows for the parallel loop when each task pads its own input rows: a multiple of
-    the core count (equal static shares: TVM splits a parallel loop into one contiguous range per thread),
-    dividing OH, each block at least 4 rows (the KH-1 halo rows padded twice stay a small fraction); the
-    fewest such blocks whose padded input rows fit (``fits(rows)``, default at most 16 rows), so they stay
-    cache resident, else the most. None when OH has no such split (odd or short): the pad runs at the root."""
-    fits = fits or (lambda rows: rows <= 16)
+def _row_splits(oh: int, cores: int) -> list[int]:
+    """Block counts of output rows for the parallel loop when each task pads its own input rows: multiples
+    of the core count (equal static shares: TVM splits a parallel loop into one contiguous range per thread),
+    dividing OH, each block at least 4 rows (the KH-1 halo rows padded twice stay a small fraction)."""
     cores = max(1, cores)
-    best = None
-    for nb in range(cores, oh // 4 + 1, cores):
-        if oh % nb == 0:
-            best = nb
-            if fits(oh // nb):
-                break
-    return best
+    return [nb for nb in range(cores, oh // 4 + 1, cores) if oh % nb == 0]
+
+
+def _row_blocks(oh: int, cores: int, fits=None) -> int | None:
+    """The fewest ``_row_splits`` whose padded input rows fit (``fits(rows)``, default at most 16 rows), so
+    they stay cache resident, else the most. None when OH has no such split (odd or short): the pad runs at
+    the root."""
+    splits = _row_splits(oh, cores)
+    return next(iter(_row_block_choices(oh, cores, fits)), splits[-1] if splits else None)
 
 
 def _row_block_choices(oh: int, cores: int, fits=None) -> list[int]:
-    """Every block count _row_blocks may pick from whose padded input rows fit (``fits``): the tuner's."""
+    """Every ``_row_splits`` count whose padded input rows fit (``fits``): the tuner's choices."""
     fits = fits or (lambda rows: rows <= 16)
-    cores = max(1, cores)
-    return [nb for nb in range(cores, oh // 4 + 1, cores) if oh % nb == 0 and fits(oh // nb)]
+    return [nb for nb in _row_splits(oh, cores) if fits(oh // nb)]
 
 
 def _padded_rows_fit(sch, pad, oh: int, info: ConvBlock, target: AscendTarget):
