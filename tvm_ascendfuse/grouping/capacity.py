@@ -63,16 +63,23 @@ def l0_check(dtype_bytes: int, target: AscendTarget) -> CapacityCheck:
 
 
 def row_block_check(row_elems: list[int], dtype_bytes: int, rows: int, target: AscendTarget,
-                    what: str = "one row of each row-block buffer", resident: bool = False) -> CapacityCheck:
-    """A kernel that keeps whole rows in UB (a chained GEMM's output rows): one row of every buffer must fit;
+                    what: str = "one row of each row-block buffer", resident: bool = False, fixed: int = 0,
+                    caps=()) -> CapacityCheck:
+    """A kernel that keeps whole rows in UB (a chained GEMM's panel rows): one row of every buffer must fit;
     ``tile_elems`` is then the number of rows per block (largest power of two that fits, at most ``rows``).
-    ``resident``: the buffers are produced and consumed on chip (no DMA to overlap), so not double-buffered."""
+    ``resident``: the buffers are produced and consumed on chip (no DMA to overlap), so not double-buffered.
+    ``fixed``: UB bytes a block holds whatever its row count; ``caps``: (bytes per row, capacity) of other
+    on-chip buffers the block's rows fill (accumulator rows in L0C, rows staged in L1), each capping it."""
     mult = 2 if target.double_buffer and not resident else 1
     per_row = mult * sum(target.align_up(n * dtype_bytes) for n in row_elems)
     avail = target.ub_usable
-    if per_row > avail:
-        return CapacityCheck(False, per_row, avail, "UB", 0, what)
+    if per_row + fixed > avail:
+        return CapacityCheck(False, per_row + fixed, avail, "UB", 0, what)
+
+    def fits(m):
+        return m * per_row + fixed <= avail and all(m * b <= c for b, c in caps)
+
     m = 1
-    while m * 2 <= max(1, rows) and (m * 2) * per_row <= avail:
+    while m * 2 <= max(1, rows) and fits(m * 2):
         m *= 2
-    return CapacityCheck(True, m * per_row, avail, "UB", m, what)
+    return CapacityCheck(True, m * per_row + fixed, avail, "UB", m, what)

@@ -30,7 +30,7 @@ from tvm.ir import expr as iexpr
 from tvm.s_tir import stmt as sstmt
 
 from ..switches import UB_FUSION, register_switch
-from .capacity import CapacityCheck
+from .capacity import CapacityCheck, row_block_check
 
 # On by default. A chain keeps the intermediate out of GM but streams both weights once per row block (from L2
 # on the NPU), which the byte model does not charge; GroupingConfig.chain_min_saving_vs_weights (grouping.py)
@@ -103,7 +103,6 @@ def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, targe
     in_l0c = accumulator_in_l0c(n2, target, dtype_bytes)
     out_row = norm_after or not in_l0c
     row = [panel] * (n_first + 1) + ([n2] if out_row else [])
-    per_row = sum(target.align_up(n * dtype_bytes) for n in row)
     fixed = 0
     if staged_row:
         fixed = (2 if target.double_buffer else 1) * target.align_up(staged_row * dtype_bytes) \
@@ -111,9 +110,6 @@ def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, targe
     what = (f"per row: a {panel}-column panel of the chained GEMM's intermediate ({n1} wide) per product"
             + (f" and its output row ({n2})" if out_row else "")
             + (f"; once: the input row ({staged_row}) being normalised and its normalised row" if staged_row else ""))
-    avail = target.ub_usable
-    if per_row + fixed > avail:
-        return CapacityCheck(False, per_row + fixed, avail, "UB", 0, what)
     caps = []                                   # (bytes per row of the block, capacity) in L0C / L1
     if in_l0c:
         caps.append((target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")))
@@ -123,14 +119,7 @@ def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, targe
             return CapacityCheck(False, l1_row, target.capacity("local.L1"), "L1", 0,
                                  f"one normalised input row ({staged_row}) of the chained GEMM")
         caps.append((l1_row, target.capacity("local.L1")))
-
-    def fits(m):
-        return m * per_row + fixed <= avail and all(m * b <= c for b, c in caps)
-
-    m = 1
-    while m * 2 <= max(1, rows) and fits(m * 2):
-        m *= 2
-    return CapacityCheck(True, m * per_row + fixed, avail, "UB", m, what)
+    return row_block_check(row, dtype_bytes, rows, target, what, resident=True, fixed=fixed, caps=caps)
 
 
 def staged_rows_bytes(rows_per_block: int, staged_row: int, target, dtype_bytes: int = 4) -> int:
