@@ -12,16 +12,17 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 
 from .analysis import groups_before_fuse_tir, kernel_table
+from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
+from .analysis.verify_ub import VerifyUBCapacity
 from .graph_fusion import GRAPH_FUSION_PASSES
 from .graph_fusion.safe_fold import SafeFoldConstant
-from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
 from .grouping import COST_BASED_FUSION, CostBasedFusionPass, PatternFusionPass
+from .grouping.attention_chain import ATTENTION_PROJECTION
 from .grouping.chain import CHAINED_GEMM
 from .grouping.cost import GroupingConfig
-from .analysis.verify_ub import VerifyUBCapacity
 from .passbase import PyPass
-from .schedule.apply import ScheduleKernels
 from .report import FusionReport
+from .schedule.apply import ScheduleKernels
 from .switches import resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
 
@@ -45,7 +46,9 @@ def ub_fusion_phase(target, switches, report, tvm_target):
     The cost-based grouping replaces TVM's FuseOps; FuseOps is the fallback when it is switched off."""
     if switches.is_on(COST_BASED_FUSION):
         chained = switches.is_on(CHAINED_GEMM)
-        grouping = CostBasedFusionPass(target, report, GroupingConfig(allow_chained_gemm=chained))
+        config = GroupingConfig(allow_chained_gemm=chained,
+                                allow_attention_projection=switches.is_on(ATTENTION_PROJECTION))
+        grouping = CostBasedFusionPass(target, report, config)
     else:
         report.touch(COST_BASED_FUSION)
         grouping = relax.transform.FuseOps()

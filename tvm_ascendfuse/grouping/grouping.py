@@ -32,6 +32,7 @@ from ..report import CAP_HIT, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, CHECK_FAILED, 
 from ..switches import UB_FUSION, register_switch
 from ..target import AscendTarget, current_target_from_tvm, get_target
 from .capacity import TileBuffer, l0_check, ub_check
+from .attention_chain import AttentionChain, find_attention_chain
 from .chain import Chain, find_chain, reduces_last_axis, row_operand_positions
 from .cost import GroupCost, GroupingConfig, accept, pad_ratio, tiles_for
 
@@ -172,11 +173,16 @@ class _Model:
                    for m in members if self.nodes[m].cube}
         if len(kernels) < 2:
             return None
-        if not self.cfg.allow_chained_gemm:
-            return "two cube ops in one kernel (chained GEMMs switched off)"
         key = tuple(sorted(members))
         if key not in self._chains:
-            self._chains[key] = find_chain(self.nodes, members, self.var_node)
+            cubes = [m for m in members if self.nodes[m].cube]
+            found = find_attention_chain(self.nodes, set(members), cubes, self.var_node)
+            if isinstance(found, AttentionChain) and not self.cfg.allow_attention_projection:
+                found = "attention and its output projection in one kernel (switched off)"
+            elif found is None:
+                found = (find_chain(self.nodes, members, self.var_node) if self.cfg.allow_chained_gemm
+                         else "two cube ops in one kernel (chained GEMMs switched off)")
+            self._chains[key] = found
         return self._chains[key]
 
     def capacity(self, members, outs, ins):

@@ -14,6 +14,7 @@ from ..passbase import PyPass
 from ..report import FusionReport
 from ..target import AscendTarget, get_target
 from .attention import AttentionRule
+from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
 from .common import host_of
 from .conv import Conv2dRule
@@ -29,7 +30,7 @@ from .tuned import TunedRecordRule, open_database, records_dir
 
 # Most specific first. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule, PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+DEFAULT_RULES = (AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule, PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
 def default_rules(target: AscendTarget) -> list:

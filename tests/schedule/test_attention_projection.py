@@ -1,0 +1,132 @@
+"""AttentionProjectionRule: attention (heads cut out of a merged QKV) -> head merge -> output projection
+(+ residual, + row norm) in one kernel, one head per panel of the projection; against the unscheduled kernel,
+and through the pipeline (grouping, pre-packed weight, capacity)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax import op
+
+from tests.helpers import assert_same_numbers, kernel_count
+from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.attention_projection import AttentionProjectionRule
+from tvm_ascendfuse.target import get_target
+
+from .kernels import HOST, NATIVE, NPU, attention_kernel, causal_mask, check_rule, fused_kernel
+
+
+def _heads(t, s, h, d):
+    return op.permute_dims(op.reshape(t, (1, s, h, d)), [0, 2, 1, 3])
+
+
+def attention_block(s, h, d, n2=None, mask=True, norm=False):
+    """(shapes, build): qkv [1, s, 3hd] -> causal attention -> heads merged -> · Wo (+ x, + LayerNorm)."""
+    n1, n2 = h * d, n2 or h * d
+
+    def build(qkv, wo, x, *rest):
+        q, k, v = (_heads(op.strided_slice(qkv, [2], [i * n1], [(i + 1) * n1]), s, h, d) for i in range(3))
+        sc = op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])),
+                         relax.const(np.float32(1 / np.sqrt(d))))
+        if mask:
+            sc = op.add(sc, rest[0])
+        o = op.reshape(op.permute_dims(op.matmul(op.nn.softmax(sc, -1), v), [0, 2, 1, 3]), (1, s, n1))
+        y = op.add(op.matmul(o, wo), x)
+        if norm:
+            y = op.nn.layer_norm(y, rest[-2], rest[-1], [-1])
+        return y
+
+    shapes = [(1, s, 3 * n1), (n1, n2), (1, s, n2)] + ([(1, 1, s, s)] if mask else [])
+    shapes += [(n2,), (n2,)] if norm else []
+    return shapes, build
+
+
+@pytest.mark.parametrize("s,h,d,n2", [(32, 2, 16, None), (20, 3, 8, 40), (9, 2, 8, None)])
+def test_matches_unscheduled(s, h, d, n2):
+    shapes, build = attention_block(s, h, d, n2)
+    rule = AttentionProjectionRule()
+    check_rule(rule, fused_kernel(build, shapes), fixed={3: causal_mask(s, s)})
+    assert rule.note and f"{h} heads of {d}" in rule.note, rule.note
+
+
+def test_row_norm_after_the_projection():
+    """Post-LN (BERT): the LayerNorm's row statistics computed from the accumulator rows, per row block."""
+    shapes, build = attention_block(16, 2, 8, mask=False, norm=True)
+    check_rule(AttentionProjectionRule(), fused_kernel(build, shapes))
+
+
+def test_avx512_widths():
+    shapes, build = attention_block(64, 4, 16)
+    check_rule(AttentionProjectionRule(), fused_kernel(build, shapes), host=NATIVE, fixed={3: causal_mask(64, 64)})
+
+
+def test_everything_on_chip_and_row_block_capped_by_l0c():
+    """Every intermediate is an on-chip buffer (the accumulator rows in L0C, Kᵀ in L1, the rest in UB); a
+    small L0C caps the query rows per block, same numbers."""
+    shapes, build = attention_block(32, 2, 16)
+    sch = AttentionProjectionRule().apply(fused_kernel(build, shapes), NPU, HOST)
+    scopes = {b.name: str(b.scope()) for b in sch.mod["main"].body.block.alloc_buffers}
+    assert all(s.startswith("local.") for s in scopes.values()), scopes
+    assert {"local.UB", "local.L1", "local.L0C"} <= set(scopes.values()), scopes
+    small = dataclasses.replace(NPU, l0c_bytes=4 * 32 * 4)
+    rule = AttentionProjectionRule()
+    check_rule(rule, fused_kernel(build, shapes), target=small, fixed={3: causal_mask(32, 32)})
+    assert "query rows per block 4" in rule.note, rule.note
+
+
+def test_declines_plain_attention_and_a_chained_ffn():
+    check_rule(AttentionProjectionRule(), attention_kernel(h=2, s=16, d=8), expect=False)
+    ffn = fused_kernel(lambda x, a, b: op.matmul(op.nn.relu(op.matmul(x, a)), b), [(8, 16), (16, 32), (32, 16)])
+    check_rule(AttentionProjectionRule(), ffn, expect=False)
+
+
+# ---- through the pipeline ------------------------------------------------------------------------------------
+
+def _decoder_attention(s, h, d, seed=0, extra_output=False):
+    """x -> RMSNorm -> merged QKV projection -> causal attention -> · Wo + x, weights as constants."""
+    rng = np.random.default_rng(seed)
+    n = h * d
+    c = lambda *shape: relax.const((rng.standard_normal(shape) * 0.2).astype("float32"))
+    mask = relax.const(causal_mask(s, s))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, s, n), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            qkv = bb.emit(op.matmul(op.nn.rms_norm(x, relax.const(np.ones(n, "float32"))), c(n, 3 * n)))
+            q, k, v = (bb.emit(_heads(op.strided_slice(qkv, [2], [i * n], [(i + 1) * n]), s, h, d)) for i in range(3))
+            sc = op.add(op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])),
+                                    relax.const(np.float32(1 / np.sqrt(d)))), mask)
+            o = bb.emit(op.reshape(op.permute_dims(op.matmul(op.nn.softmax(sc, -1), v), [0, 2, 1, 3]), (1, s, n)))
+            y = bb.emit(op.add(op.matmul(o, c(n, n)), x))
+            out = bb.emit_output(relax.Tuple([y, o]) if extra_output else y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("target", ["ascend910b", "ascend310p"])
+@pytest.mark.parametrize("s,h,d", [(32, 4, 16), (24, 2, 32)])
+def test_pipeline_attention_and_projection_in_one_kernel(target, s, h, d):
+    result = assert_same_numbers(_decoder_attention(s, h, d), target=target)
+    assert kernel_count(result) == 2
+    assert "attention-projection" in result.report.sections["schedules"].values()
+    groups = result.report.sections["grouping"]["groups"]
+    assert any(g.get("chain", {}).get("kind") == "attention + output projection" for g in groups), groups
+    npu = get_target(target)
+    for gv, func in result.scheduled_module.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "tirx.is_scheduled" in func.attrs:
+            usage = kernel_usage(gv.name_hint, func, npu)
+            for scope in ("local.UB", "local.L1", "local.L0C"):
+                assert usage.bytes(scope) <= npu.capacity(scope), (gv.name_hint, scope, usage.bytes(scope))
+
+
+def test_switch_off_and_attention_output_used_elsewhere_are_reported():
+    off = assert_same_numbers(_decoder_attention(16, 2, 8), switches={"AttentionProjectionFusionPass": "off"})
+    assert kernel_count(off) == 3
+    why = [r.get("why", "") for r in off.report.get("CostBasedFusionPass").not_effective]
+    assert any("output projection in one kernel (switched off)" in w for w in why), why
+    both = assert_same_numbers(_decoder_attention(16, 2, 8, extra_output=True))
+    assert "attention-projection" not in both.report.sections["schedules"].values()
+    why = [r.get("why", "") for r in both.report.get("CostBasedFusionPass").not_effective]
+    assert any("also used outside the kernel" in w for w in why), why

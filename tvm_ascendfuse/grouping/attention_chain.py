@@ -1,0 +1,150 @@
+"""Attention and its output projection in one kernel: softmax(Q·Kᵀ)·V, heads merged, then ·Wo (+ residual).
+
+The attention kernel writes its head-merged output (rows x heads·D) to GM and the projection reads it back.
+Computed per block of query rows, the projection's reduction axis (heads·D) is walked one head at a time:
+that head's attention rows (scores and probabilities in UB, Q/K/V panels through L1 to the cube) are the
+panel of the intermediate, multiplied into the block's output rows, which accumulate in L0C across the heads.
+The attention output then never reaches GM. It is a chained GEMM whose first "product" is a whole attention
+head, so it reuses ``Chain`` (cost, report and the weight-streaming policy treat it the same way; its weight,
+Wo, is streamed once per row block).
+
+Taken when: the attention is one pattern group (its two products share a lock) whose only output is the
+head-merged rows; the projection reads them as its row operand (``A[i, k]``, ``k`` = head·D + d) and is the
+only reader; the rest of the group follows the projection (bias, residual, at most a row norm); float32,
+static shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..switches import UB_FUSION, register_switch
+from .capacity import CapacityCheck, row_block_check
+from .chain import Chain
+
+ATTENTION_PROJECTION = register_switch(
+    "AttentionProjectionFusionPass", UB_FUSION,
+    "cost-based grouping may merge attention with its output projection (+ residual), per block of query rows",
+    default_on=True)
+
+INJECTIVE, REDUCE, OUT_EWISE = 2, 3, 4
+
+
+@dataclass(frozen=True)
+class AttentionChain(Chain):
+    heads: int = 1
+    head_dim: int = 1
+    keys: int = 1          # key/value rows (the score rows' length)
+
+    def capacity(self, dtype_bytes: int, target) -> CapacityCheck:
+        return attention_row_block(self.heads, self.head_dim, self.keys, self.n2, self.rows, target, dtype_bytes,
+                                   norm_after=self.norm)
+
+    def describe(self, dtype_bytes: int, target, nodes) -> dict:
+        check = self.capacity(dtype_bytes, target)
+        return {"kind": "attention + output projection", "rows_per_block": check.tile_elems,
+                "heads": self.heads, "head_dim": self.head_dim, "ub_bytes": check.needed_bytes,
+                "ub_available_bytes": check.available_bytes, "ub_holds": check.what}
+
+
+def attention_row_block(heads: int, head_dim: int, keys: int, n2: int, rows: int, target, dtype_bytes: int = 4,
+                        norm_after: bool = False) -> CapacityCheck:
+    """Query rows per block of the fused attention + projection, or the refusal when one row does not fit.
+
+    Per row of the block, for the head being computed: UB holds its score row and probability row (``keys``
+    each) and its output row (``head_dim``, the projection's panel), plus the projected row when a row norm
+    follows; L1 holds the block's Q and P rows for the cube and, once per head, the head's K and V panels
+    (``keys x head_dim`` each, double-buffered so the next head's load overlaps); L0C holds the projection's
+    accumulator rows (``n2``) across all heads."""
+    row = [keys, keys, head_dim] + ([n2] if norm_after else [])
+    l1_fixed = (2 if target.double_buffer else 1) * 2 * target.align_up(keys * head_dim * dtype_bytes, "l1")
+    l1 = target.capacity("local.L1")
+    what = (f"per query row: one head's scores and probabilities ({keys}) and output row ({head_dim})"
+            + (f" and the projected row ({n2})" if norm_after else "")
+            + f"; in L1 the head's K and V panels ({keys}x{head_dim}) and the block's Q/P rows")
+    if l1_fixed >= l1:
+        return CapacityCheck(False, l1_fixed, l1, "L1", 0, f"one head's K and V panels ({keys}x{head_dim})")
+    caps = [(target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")),
+            (target.align_up((head_dim + keys) * dtype_bytes, "l1"), l1 - l1_fixed)]
+    return row_block_check(row, dtype_bytes, rows, target, what, resident=True, caps=caps)
+
+
+def _static(shape) -> list[int] | None:
+    out = []
+    for d in shape or []:
+        if not hasattr(d, "value"):
+            return None
+        out.append(int(d.value))
+    return out
+
+
+def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionChain | str | None:
+    """The attention + projection formed by these members, a reason they do not form it, or None when they
+    are not an attention group and a product at all (other chain shapes are then tried)."""
+    if len(cubes) != 3:
+        return None
+    locks = [nodes[c].locked for c in cubes]
+    lock = next((k for k in locks if k is not None and locks.count(k) == 2), None)
+    if lock is None:
+        return None
+    first = tuple(sorted(c for c in cubes if nodes[c].locked == lock))
+    c2 = next(c for c in cubes if nodes[c].locked != lock)
+    if not any(nodes[m].pattern in (REDUCE, OUT_EWISE) and not nodes[m].cube
+               for m in mset if nodes[m].locked == lock):
+        return None                          # two products without a softmax between: not attention
+    after, stack = set(), [c2]
+    while stack:
+        for u in nodes[stack.pop()].users:
+            if u in mset and u not in after:
+                after.add(u)
+                stack.append(u)
+    att = mset - after - {c2}                # the attention and its head-merge layout ops
+    if not any(p in att for p in nodes[c2].producers):
+        return None                          # the third product is not fed by the attention
+    if any(nodes[m].locked != lock and nodes[m].pattern > INJECTIVE for m in att):
+        return "attention + projection: compute in front of the projection outside the attention"
+    inside = [p for p in nodes[c2].producers if p in mset]
+    if len(inside) != 1:
+        return "attention + projection: the projection reads more than the attention output in the kernel"
+    inter = inside[0]
+    pos = [i for i, a in enumerate(nodes[c2].args) if var_node.get(a) == inter]
+    if not pos or any(p not in nodes[c2].row_operand for p in pos):
+        return "attention + projection: the projection does not reduce over the attention output's last axis"
+    for m in att:
+        users = set(nodes[m].users)
+        if nodes[m].escapes or not users <= att | {c2} or (m != inter and c2 in users):
+            return "attention + projection: an attention value is also used outside the kernel"
+    if any(nodes[c].out_dtype != 4 for c in (*first, c2)):
+        return "attention + projection: only float32 is scheduled as one kernel"
+    qk, pv = first if _reaches(nodes, first[0], first[1], att) else first[::-1]
+    pv_shape = _static(getattr(nodes[pv].var.ty, "shape", None))
+    qk_shape = _static(getattr(nodes[qk].var.ty, "shape", None))
+    inter_shape = _static(getattr(nodes[inter].var.ty, "shape", None))
+    out_shape = _static(getattr(nodes[c2].var.ty, "shape", None))
+    if not pv_shape or not qk_shape or not inter_shape or not out_shape or len(pv_shape) < 3:
+        return "attention + projection needs static shapes"
+    heads, head_dim, keys = pv_shape[-3], pv_shape[-1], qk_shape[-1]
+    n1 = inter_shape[-1]
+    if n1 != heads * head_dim:
+        return "attention + projection: the attention output's rows are not the heads side by side"
+    rows = 1
+    for d in inter_shape[:-1]:
+        rows *= d
+    norm = any(nodes[m].pattern in (REDUCE, OUT_EWISE) and not nodes[m].cube for m in after)
+    path = frozenset(att - set(first))
+    return AttentionChain(first, c2, inter, path, rows, head_dim, n1, out_shape[-1], norm, None,
+                          heads=heads, head_dim=head_dim, keys=keys)
+
+
+def _reaches(nodes, src, dst, att) -> bool:
+    """Does product ``src`` feed product ``dst`` through the attention's nodes (Q·Kᵀ feeds P·V)?"""
+    stack, seen = [src], set()
+    while stack:
+        m = stack.pop()
+        for u in nodes[m].users:
+            if u == dst:
+                return True
+            if u in att and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return False

@@ -1,0 +1,253 @@
+"""AttentionProjectionRule: attention and its output projection in one kernel (``grouping/attention_chain.py``).
+
+The kernel walks blocks of ``m`` query rows (parallel over the cores). For one row block the projection's
+accumulator rows (``m x n2``, ``local.L0C``) are zeroed, then the heads are walked one at a time, each head
+being one ``D``-wide panel of the projection's reduction axis:
+
+* the head's Kᵀ panel is staged (``local.L1``: the cube reads its right operand from there; on the host the
+  copy turns K's rows into the contiguous columns the score tiles vectorise over);
+* scores = Q·Kᵀ (scaled, masked) for the block's rows, the row max, exponentials, row sums and
+  probabilities, all rows of ``keys`` in ``local.UB``, the reductions as vector partial sums;
+* the head's output rows P·V (``m x D``, ``local.UB``) — V read in place, its rows contiguous;
+* the projection multiplies them into the accumulator rows with the head's ``D`` rows of the (pre-packed)
+  weight, in ``mr x nr`` register tiles.
+
+After the last head the epilogue (bias, residual) runs on the accumulator rows and they are written out. The
+head-merged attention output never exists in GM. ``m`` comes from ``grouping/attention_chain`` (the budget
+the grouping pass checked), cut to a divisor of the rows and to rows / host cores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..grouping.attention_chain import attention_row_block
+from ..target import AscendTarget, get_target
+from .attention import is_cheap, is_copy
+from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
+from .chained_gemm import (
+    ACCUMULATORS,
+    ChainedGemmRule,
+    _has_reduce,
+    _largest_divisor,
+    _loop_of_reduction,
+    _name,
+    _reduces_row,
+)
+from .common import (
+    extent,
+    innermost_vector,
+    is_output_block,
+    num_cores,
+    ok,
+    root_blocks,
+    try_,
+    vector_lanes,
+    vector_width_for,
+)
+from .contraction import micro_tile, schedule_contraction
+from .layout import PREPROC_ANNOTATION
+from .reduction import ReductionRule, is_contraction
+
+
+class AttentionProjectionRule(ScheduleRule):
+    """Q·Kᵀ → softmax → ·V per head, heads merged into a projection's reduction axis (+ epilogue)."""
+
+    name = "attention-projection"
+    min_products = 3
+
+    def __init__(self):
+        self.note = None
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
+        self.note = None
+        if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) != "float32" for p in func.params):
+            return None
+        sch = s_tir.Schedule(func)
+        if self._plan(sch) is None:
+            return None
+        # index arithmetic of the reshapes simplified over the block domains (``(k // 1024 + i) % 256`` -> ``i``):
+        # else compute-at sees every head read all query rows and recomputes the whole attention per block
+        sch = s_tir.Schedule(s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"])
+        plan = self._plan(sch)
+        if plan is None:
+            return None
+        target = target if isinstance(target, AscendTarget) else get_target(target)
+        return self._schedule(sch, plan, target, host)
+
+    # ---- recognise ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _plan(sch):
+        """{"qk", "pv", "proj": product names, "out": the output block} when the kernel is products QK, PV,
+        projection in that order, the softmax's reductions between the first two, nothing but elementwise
+        and layout stages elsewhere, one output after the projection."""
+        blocks = list(root_blocks(sch))
+        names = [_name(sch, b) for b in blocks]
+        products = [n for b, n in zip(blocks, names) if _has_reduce(sch, b) and is_contraction(sch, b)]
+        if len(products) != 3:
+            return None
+        qk, pv, proj = products
+        at = {n: i for i, n in enumerate(names)}
+        for n, b in zip(names, blocks):
+            if n in products or not _has_reduce(sch, b):
+                continue
+            if not (at[qk] < at[n] < at[pv] or (at[n] > at[proj] and _reduces_row(sch, b))):
+                return None                    # a reduction neither the softmax's nor a row norm after
+        if not any(_has_reduce(sch, b) for n, b in zip(names, blocks) if at[qk] < at[n] < at[pv]):
+            return None
+        outputs = [n for n, b in zip(names, blocks) if is_output_block(sch, b)]
+        if len(outputs) != 1 or outputs[0] != names[-1] or at[proj] == len(names) - 1:
+            return None                        # the projection writes through an epilogue (residual, bias)
+        pv_buf = sch.get(blocks[at[pv]]).writes[0].source
+        shape = [int(d) for d in pv_buf.shape]
+        if len(shape) < 3:
+            return None
+        return {"qk": qk, "pv": pv, "proj": proj, "out": names[-1], "heads": shape[-3], "head_dim": shape[-1],
+                "order": names}
+
+    # ---- schedule -------------------------------------------------------------------------------------------
+    def _schedule(self, sch, plan, target: AscendTarget, host):
+        get = sch.get_sblock
+        lanes = vector_lanes(host, 32)
+        order = plan["order"]
+        at = {n: i for i, n in enumerate(order)}
+        qk, pv, proj, out = plan["qk"], plan["pv"], plan["proj"], plan["out"]
+        heads, d = plan["heads"], plan["head_dim"]
+        kt = self._kt_stage(sch, qk)
+
+        # layout stages inlined into their readers (Q, V, the head merge); the scale and mask into the
+        # softmax; between the projection and the output, the epilogue recomputed where the rows are read
+        for n in order:
+            if n in (qk, pv, proj, out, kt) or at[n] > at[proj]:
+                continue
+            blk = get(n)
+            if _has_reduce(sch, blk):
+                continue
+            consumers = sch.get_consumers(blk)
+            if at[qk] < at[n] < at[pv] and len(consumers) > 1 and not is_cheap(sch, blk):
+                continue                      # an expensive value read twice: computed once, staged
+            if at[qk] < at[n] < at[pv] and not is_copy(sch, blk) \
+                    and any(_name(sch, c) == pv for c in consumers):
+                continue                      # the probabilities: staged, not divided again in every FMA
+            ok(sch.compute_inline, blk)
+        for n in order[at[proj] + 1:-1]:
+            ok(sch.compute_inline, get(n))
+
+        rows_dom = [extent(sch, l) for l in sch.get_loops(get(proj))]
+        if any(x is None for x in rows_dom) or len(rows_dom) < 3:
+            return None
+        n2, n1 = rows_dom[-2], rows_dom[-1]
+        rows = math.prod(rows_dom[:-2])
+        keys = extent(sch, sch.get_loops(get(qk))[-2])
+        if n1 != heads * d or keys is None:
+            return None
+        norm_after = any(_has_reduce(sch, get(n)) for n in order[at[proj] + 1:] if try_(get, n) is not None)
+        check = attention_row_block(heads, d, keys, n2, rows, target, 4, norm_after=norm_after)
+        if not check.fits:
+            self.note = f"one query row needs {check.needed_bytes} B of {check.scope} > {check.available_bytes} B"
+            return None
+        cores = num_cores(host)
+        m = _largest_divisor(rows, min(check.tile_elems, max(1, rows // max(1, cores))))
+
+        # softmax reductions: lane-wide partial sums (rfactor at the root, before anything moves)
+        rf_names = set()
+        for n in order[at[qk] + 1:at[pv]]:
+            blk = try_(get, n)
+            if blk is None or not _has_reduce(sch, blk):
+                continue
+            loops = sch.get_loops(blk)
+            ext = extent(sch, loops[-1])
+            v = vector_width_for(ext, lanes)
+            if ext is None or v < 4 or ext < 2 * v:
+                continue
+            _, ki = sch.split(loops[-1], [None, v])
+            rf = try_(sch.rfactor, ki, len(sch.get(blk).iter_vars) - 1)
+            if rf is not None:
+                rf_names.add(_name(sch, rf))
+
+        # the projection's weight pre-packed in (head panel, column panel) order; its accumulator in L0C
+        v2 = vector_width_for(n2, lanes)
+        mr2, nvec2 = micro_tile(m, n2, v2, ACCUMULATORS)
+        nvec2 = _largest_divisor(n2 // v2, nvec2)
+        mr2 = _largest_divisor(m, mr2)
+        ChainedGemmRule._prepack(sch, get(proj), nvec2 * v2, d)
+        sch.set_scope(get(proj), 0, L0C_SCOPE)
+
+        # anchor: m output rows at a time, everything else under that loop
+        loops = sch.get_loops(get(out))
+        if math.prod(extent(sch, l) or 0 for l in loops[:-1]) != rows:
+            return None
+        row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        rb, _ = sch.split(row, [None, m])
+        for b in reversed([b for b in root_blocks(sch) if _name(sch, b) != out]):
+            if PREPROC_ANNOTATION in sch.get(b).annotations:
+                continue                      # the weight re-layout stays at the root (packed at compile time)
+            sch.compute_at(b, rb, preserve_unit_loops=True)
+        innermost_vector(sch, get(out), lanes)
+        for n in order[at[proj] + 1:-1]:              # a row norm's statistics, per row of the block, in UB
+            blk = try_(get, n)
+            if blk is not None:
+                try_(sch.set_scope, blk, 0, UB_SCOPE)
+        if cores > 1 and rows // m > 1:
+            sch.parallel(rb)
+
+        # the projection's reduction walked one head (D columns of the merged rows) at a time
+        ploops = sch.get_loops(get(proj))
+        at_rb = next(i for i, l in enumerate(ploops) if sch.get(l).same_as(sch.get(rb)))
+        red = next(l for l in ploops[at_rb + 1:] if _loop_of_reduction(sch, get(proj), l))
+        head, _ = sch.split(red, [None, d])
+        ploops = sch.get_loops(get(proj))
+        sch.reorder(head, *[l for l in ploops[at_rb + 1:] if not _loop_of_reduction(sch, get(proj), l)])
+        # every attention stage (rfactor partials included) computed for one head of the row block
+        stages = set(order[:at[proj]]) | rf_names
+        attention = [_name(sch, b) for b in root_blocks(sch) if _name(sch, b) in stages]
+        for n in reversed(attention):
+            sch.compute_at(get(n), head, preserve_unit_loops=True)
+        for n in attention:
+            if not is_output_block(sch, get(n)):
+                try_(sch.set_scope, get(n), 0, L1_SCOPE if n == kt else UB_SCOPE)
+        ChainedGemmRule._tile(sch, get(proj), mr2, nvec2, v2, whole=False)
+        for n in attention:
+            blk = get(n)
+            if n in rf_names:
+                ReductionRule._vectorize_rf(sch, blk)
+            elif _has_reduce(sch, blk) and is_contraction(sch, blk):
+                schedule_contraction(sch, blk, lanes)
+            elif n == kt:
+                self._transpose_rows(sch, blk)
+            else:
+                innermost_vector(sch, blk, lanes)
+        self.note = (f"query rows per block {m}, {heads} heads of {d} as the projection's panels, "
+                     f"projection tile {mr2}x{nvec2 * v2}, accumulator rows in L0C")
+        sch.annotate(get(proj), "ascendfuse.schedule", self.note)
+        init = sch.decompose_reduction(get(proj), head)
+        innermost_vector(sch, init, lanes)
+        return sch
+
+    @staticmethod
+    def _transpose_rows(sch, blk):
+        """Kᵀ[d, j] = K[j, d] walked along K's rows: contiguous loads, scalar stores into the staged panel,
+        the row unrolled. Vectorised along j (a 16-lane gather per store: 3072-float row stride) it took 21%
+        of the kernel; vectorised along d the stores became scatters. W7, one thread: 9.5 -> 5.9 ms."""
+        loops = sch.get_loops(blk)
+        sch.reorder(loops[-1], loops[-2])
+        ok(sch.unroll, sch.get_loops(blk)[-1])
+
+    @staticmethod
+    def _kt_stage(sch, qk):
+        """Name of the stage that feeds Q·Kᵀ with K transposed (``Kᵀ[d, j]``), kept as a staged copy per head;
+        None when there is none."""
+        for p in sch.get_producers(sch.get_sblock(qk)):
+            stmt = sch.get(p)
+            buf = stmt.writes[0].source
+            for region in sch.get(sch.get_sblock(qk)).reads:
+                if region.source.same_as(buf):
+                    red = [iv.var for iv in sch.get(sch.get_sblock(qk)).iter_vars
+                           if iv.iter_type == tirx.IterVar.CommReduce]
+                    mins = [r.min for r in region.region]
+                    if len(mins) >= 2 and isinstance(mins[-2], tirx.Var) and red and mins[-2].same_as(red[0]):
+                        return stmt.name_hint
+        return None
