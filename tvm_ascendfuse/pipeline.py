@@ -37,6 +37,9 @@ def graph_fusion_phase(target, switches, report):
     """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
     passes = [relax.transform.DeadCodeElimination()]
     passes += [cls(target, report, enabled=switches.is_on(cls.switch_name)) for cls in GRAPH_FUSION_PASSES]
+    for p in passes:
+        if hasattr(p, "configure"):
+            p.configure(switches)        # a rewrite that depends on another switch (see the pass)
     return passes + [SafeFoldConstant(), relax.transform.DeadCodeElimination()]
 
 

@@ -51,6 +51,37 @@ def test_matches_unscheduled(s, h, d, n2):
     assert rule.note and f"{h} heads of {d}" in rule.note, rule.note
 
 
+def query_block(s, h, d):
+    """(shapes, build): x -> RMSNorm -> · Wq (the query) with K|V given merged -> causal attention -> · Wo + x."""
+    n = h * d
+
+    def build(x, g, wq, kv, mask, wo):
+        q = _heads(op.matmul(op.nn.rms_norm(x, g), wq), s, h, d)
+        k, v = (_heads(op.strided_slice(kv, [2], [i * n], [(i + 1) * n]), s, h, d) for i in range(2))
+        sc = op.add(op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])),
+                                relax.const(np.float32(1 / np.sqrt(d)))), mask)
+        o = op.reshape(op.permute_dims(op.matmul(op.nn.softmax(sc, -1), v), [0, 2, 1, 3]), (1, s, n))
+        return op.add(op.matmul(o, wo), x)
+
+    return [(1, s, n), (n,), (n, n), (1, s, 2 * n), (1, 1, s, s), (n, n)], build
+
+
+@pytest.mark.parametrize("s,h,d", [(32, 2, 16), (12, 3, 8)])
+def test_query_projection_with_norm_prologue_matches_unscheduled(s, h, d):
+    """The query rows computed per head from the block's normalised rows (staged once per row block in L1)."""
+    shapes, build = query_block(s, h, d)
+    rule = AttentionProjectionRule()
+    check_rule(rule, fused_kernel(build, shapes), fixed={4: causal_mask(s, s)})
+    scopes = [str(b.scope()) for b in rule.apply(fused_kernel(build, shapes), NPU, HOST).mod["main"].body.block
+              .alloc_buffers]
+    assert scopes.count("local.L1") == 2, scopes          # the normalised rows and the Kᵀ panel
+
+
+def test_query_projection_avx512_widths():
+    shapes, build = query_block(64, 4, 16)
+    check_rule(AttentionProjectionRule(), fused_kernel(build, shapes), host=NATIVE, fixed={4: causal_mask(64, 64)})
+
+
 def test_row_norm_after_the_projection():
     """Post-LN (BERT): the LayerNorm's row statistics computed from the accumulator rows, per row block."""
     shapes, build = attention_block(16, 2, 8, mask=False, norm=True)
@@ -119,6 +150,26 @@ def test_pipeline_attention_and_projection_in_one_kernel(target, s, h, d):
             usage = kernel_usage(gv.name_hint, func, npu)
             for scope in ("local.UB", "local.L1", "local.L0C"):
                 assert usage.bytes(scope) <= npu.capacity(scope), (gv.name_hint, scope, usage.bytes(scope))
+
+
+@pytest.mark.parametrize("target", ["ascend910b", "ascend310p"])
+def test_llama_query_projection_inside_and_kv_merged(target):
+    """LLaMA block: the sibling merge leaves the query apart (its own RMSNorm copy), K|V stay merged; the
+    attention kernel computes the query rows itself, so its kernel reads x, Wq, K|V, the mask and Wo, and
+    Q is never written: three kernels in all (K|V, attention + projections, chained FFN)."""
+    from tvm_ascendfuse.frontend import import_onnx
+    from tvm_ascendfuse.workloads import llama_block
+
+    result = assert_same_numbers(import_onnx(llama_block(seq=16, hidden=64, heads=4, ffn=96)), target=target)
+    assert kernel_count(result) == 3
+    merged = result.report.get("MatMulSiblingMergeFusionPass")
+    assert merged.effect_times == 1
+    groups = result.report.sections["grouping"]["groups"]
+    [att] = [g for g in groups if g.get("chain", {}).get("kind") == "attention + output projection"]
+    assert att["chain"]["query_norm"] == "rms_norm" and "query_projection" in att["chain"], att
+    off = assert_same_numbers(import_onnx(llama_block(seq=16, hidden=64, heads=4, ffn=96)),
+               switches={"AttentionProjectionFusionPass": "off"})
+    assert kernel_count(off) == 4        # Q|K|V merged again, attention and o-projection apart
 
 
 def test_switch_off_and_attention_output_used_elsewhere_are_reported():

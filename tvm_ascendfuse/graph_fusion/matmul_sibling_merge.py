@@ -11,6 +11,12 @@ its output to GM because it has three consumers. After the merge ``x`` is read o
 has one consumer, so it can become the prologue of the merged GEMM. Exact: every output element is the same
 dot product over the same K values (a sibling without a bias gets zeros, ``y + 0 == y``).
 
+An attention's query projection is left out of the merge when the attention and its output projection are
+fused (``AttentionProjectionFusionPass``) and the shared input is a row norm's output: that kernel then also
+computes the query rows, per block of query rows and head, from its own copy of the norm (it reads the norm's
+input anyway, for the residual), so Q never goes to GM; K and V are merged as before (they are read by every
+query block). Only a query without a bias, feeding the left operand of a product whose result is softmaxed.
+
 Weights must be 2-D constants (also a reshape/transpose chain over one) with the same K and dtype, biases
 constants varying only along the output-feature axis. Refused (recorded, left alone): siblings whose results
 are combined elementwise later (SwiGLU's ``silu(x·Wg) * (x·Wu)``): the multi-GEMM kernel already reads ``x``
@@ -36,6 +42,13 @@ NAME = register_switch("MatMulSiblingMergeFusionPass", GRAPH_FUSION,
 # Unary elementwise ops looked through when checking whether two siblings are combined later.
 _UNARY = ("relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.sigmoid",
           "relax.tanh", "relax.astype")
+
+
+# Ops between a projection and the attention product that reads it (head split), and between that product
+# and its softmax (scale, mask).
+_LAYOUT = ("relax.reshape", "relax.permute_dims", "relax.strided_slice")
+_SCORE = ("relax.multiply", "relax.add", "relax.divide", "relax.astype")
+_NORMS = ("relax.nn.rms_norm", "relax.nn.layer_norm")
 
 
 # Binary elementwise ops that combine two sibling results into one (SwiGLU's multiply).
@@ -71,13 +84,20 @@ class MatMulSiblingMergeFusionPass(FusionPass):
     """See the module docstring."""
 
     switch_name = NAME
+    query_apart = False     # set by ``configure`` from the attention + projection switch
+
+    def configure(self, switches) -> None:
+        from ..grouping.attention_chain import ATTENTION_PROJECTION
+
+        self.query_apart = switches.is_on(ATTENTION_PROJECTION)
 
     def transform_function(self, func, mod):
         graph = FunctionGraph(func)
+        self._apart: dict = {}
         merges = [m for m in self._plan(graph)]
         if not merges:
             return func
-        return _Emit(merges).visit_expr(func)
+        return _Emit(merges, self._apart).visit_expr(func)
 
     # ---- planning ----------------------------------------------------------------------------------
     def _plan(self, graph: FunctionGraph) -> list[Merge]:
@@ -101,12 +121,19 @@ class MatMulSiblingMergeFusionPass(FusionPass):
                 if len(sibs) < 2:
                     continue
                 where = "+".join(s.root.name for s in sibs)
+            query = self._attention_query(lhs, sibs, graph) if self.query_apart else None
+            if query is not None and len(sibs) > 2:
+                sibs = [s for s in sibs if s is not query]
+                self._apart[query.matmul] = graph.value(lhs)
+                where = "+".join(s.root.name for s in sibs)
             problem = self._compatible(sibs, graph)
             if problem is not None:
                 self.refuse(CHECK_FAILED, where, failed=problem)
                 continue
             detail = {"siblings": len(sibs), "n": [s.n for s in sibs],
                       "bias": sum(s.bias is not None for s in sibs)}
+            if query is not None and query.matmul in self._apart:
+                detail["query_apart"] = query.root.name
             if self.take(where, **detail):
                 merges.append(Merge(lhs, graph.value(sibs[0].matmul), sibs))
         return merges
@@ -135,6 +162,36 @@ class MatMulSiblingMergeFusionPass(FusionPass):
                         and static_shape(users[0]) == out):
                     sib.root, sib.bias = users[0], b.reshape(-1)
         return sib
+
+    @staticmethod
+    def _attention_query(lhs, sibs: list[Sibling], graph: FunctionGraph) -> Sibling | None:
+        """The sibling that is an attention's query (see the module docstring), when ``lhs`` is a row norm's
+        output read only by the siblings; else None."""
+        norm = graph.value(lhs)
+        if op_name(norm) not in _NORMS or len(graph.users.get(lhs, [])) != len(sibs):
+            return None
+
+        def layout_reach(var) -> set:
+            seen, stack = {var}, [var]
+            while stack:
+                for u in graph.users.get(stack.pop(), []):
+                    if u is not None and u not in seen and op_name(graph.value(u)) in _LAYOUT:
+                        seen.add(u)
+                        stack.append(u)
+            return seen
+
+        reach = {id(s): layout_reach(s.root) for s in sibs}
+        for s in sibs:
+            if s.bias is not None:
+                continue
+            for u in {u for v in reach[id(s)] for u in graph.users.get(v, []) if u is not None}:
+                call = graph.value(u)
+                if op_name(call) != "relax.matmul" or not any(call.args[0].same_as(v) for v in reach[id(s)]):
+                    continue
+                keys = [t for t in sibs if t is not s and any(call.args[1].same_as(v) for v in reach[id(t)])]
+                if keys and _softmaxed(u, graph):
+                    return s
+        return None
 
     @staticmethod
     def _combined(sibs: list[Sibling], graph: FunctionGraph) -> list[Sibling]:
@@ -176,18 +233,45 @@ class MatMulSiblingMergeFusionPass(FusionPass):
         return None
 
 
+def _softmaxed(var, graph: FunctionGraph) -> bool:
+    """Does ``var`` (a product) reach a softmax through scale/mask ops only?"""
+    stack, seen = [var], set()
+    while stack:
+        for u in graph.users.get(stack.pop(), []):
+            if u is None or u in seen:
+                continue
+            seen.add(u)
+            name = op_name(graph.value(u))
+            if name == "relax.nn.softmax":
+                return True
+            if name in _SCORE:
+                stack.append(u)
+    return False
+
+
 @relax.expr_functor.mutator
 class _Emit(relax.PyExprMutator):
-    """At the first sibling root: the merged matmul (+ bias); every sibling root becomes its slice."""
+    """At the first sibling root: the merged matmul (+ bias); every sibling root becomes its slice. A query
+    left apart reads its own copy of the norm."""
 
-    def __init__(self, merges: list[Merge]):
+    def __init__(self, merges: list[Merge], apart: dict | None = None):
         super().__init__()
         self.part_of = {}
+        self.apart = apart or {}
         for m in merges:
             for off, s in zip(m.offsets, m.parts):
                 self.part_of[s.root] = (m, off, s)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        norm = self.apart.get(binding.var)
+        if norm is not None:
+            # a new Call object: one bound twice would make the two bindings indistinguishable to the matcher
+            copy = self.builder_.emit(relax.Call(norm.op, [self.visit_expr(a) for a in norm.args], norm.attrs),
+                                      name_hint="query_norm")
+            call = binding.value
+            value = relax.Call(call.op, [copy, self.visit_expr(call.args[1])], call.attrs)
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
+            return
         hit = self.part_of.get(binding.var)
         if hit is None:
             super().visit_var_binding_(binding)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..switches import UB_FUSION, register_switch
 from .capacity import CapacityCheck, row_block_check
-from .chain import Chain
+from .chain import Chain, _norm_prologue
 
 ATTENTION_PROJECTION = register_switch(
     "AttentionProjectionFusionPass", UB_FUSION,
@@ -34,39 +34,60 @@ INJECTIVE, REDUCE, OUT_EWISE = 2, 3, 4
 class AttentionChain(Chain):
     heads: int = 1
     head_dim: int = 1
-    keys: int = 1          # key/value rows (the score rows' length)
+    keys: int = 1              # key/value rows (the score rows' length)
+    query: int | None = None   # the query projection computed in the kernel (``prologue``: its row norm)
+    query_k: int = 0           # its reduction length (the input row it reads)
 
     def capacity(self, dtype_bytes: int, target) -> CapacityCheck:
         return attention_row_block(self.heads, self.head_dim, self.keys, self.n2, self.rows, target, dtype_bytes,
-                                   norm_after=self.norm)
+                                   norm_after=self.norm, query_k=self.query_k, query_norm=self.prologue is not None)
+
+    def saving_vs_weights(self) -> float:
+        """The attention output's round trip (and Q's, when the query projection is inside) per byte of the
+        weights streamed once per row block (Wo, and Wq)."""
+        weights = self.n1 * self.n2 + self.query_k * self.n1
+        return (2 if self.query is None else 4) * self.rows * self.n1 / weights
 
     def describe(self, dtype_bytes: int, target, nodes) -> dict:
         check = self.capacity(dtype_bytes, target)
-        return {"kind": "attention + output projection", "rows_per_block": check.tile_elems,
-                "heads": self.heads, "head_dim": self.head_dim, "ub_bytes": check.needed_bytes,
-                "ub_available_bytes": check.available_bytes, "ub_holds": check.what}
+        out = {"kind": "attention + output projection", "rows_per_block": check.tile_elems,
+               "heads": self.heads, "head_dim": self.head_dim, "ub_bytes": check.needed_bytes,
+               "ub_available_bytes": check.available_bytes, "ub_holds": check.what}
+        if self.query is not None:
+            out["query_projection"] = nodes[self.query].name
+            if self.prologue is not None:
+                out["query_norm"] = nodes[self.prologue].name
+        return out
 
 
 def attention_row_block(heads: int, head_dim: int, keys: int, n2: int, rows: int, target, dtype_bytes: int = 4,
-                        norm_after: bool = False) -> CapacityCheck:
+                        norm_after: bool = False, query_k: int = 0, query_norm: bool = False) -> CapacityCheck:
     """Query rows per block of the fused attention + projection, or the refusal when one row does not fit.
 
     Per row of the block, for the head being computed: UB holds its score row and probability row (``keys``
     each) and its output row (``head_dim``, the projection's panel), plus the projected row when a row norm
     follows; L1 holds the block's Q and P rows for the cube and, once per head, the head's K and V panels
     (``keys x head_dim`` each, double-buffered so the next head's load overlaps); L0C holds the projection's
-    accumulator rows (``n2``) across all heads."""
-    row = [keys, keys, head_dim] + ([n2] if norm_after else [])
+    accumulator rows (``n2``) across all heads. With the query projection inside (``query_k``: the input row
+    it reads), the block's input rows are staged in L1 for it (normalised first when a row norm precedes it:
+    one input row at a time in UB, double-buffered, and its normalised row) and the head's query rows are
+    one more ``head_dim`` row in UB."""
+    row = [keys, keys, head_dim] + ([head_dim] if query_k else []) + ([n2] if norm_after else [])
     l1_fixed = (2 if target.double_buffer else 1) * 2 * target.align_up(keys * head_dim * dtype_bytes, "l1")
     l1 = target.capacity("local.L1")
+    fixed = 0
+    if query_norm:
+        fixed = (3 if target.double_buffer else 2) * target.align_up(query_k * dtype_bytes)
     what = (f"per query row: one head's scores and probabilities ({keys}) and output row ({head_dim})"
+            + (f", its query row ({head_dim})" if query_k else "")
             + (f" and the projected row ({n2})" if norm_after else "")
-            + f"; in L1 the head's K and V panels ({keys}x{head_dim}) and the block's Q/P rows")
+            + f"; in L1 the head's K and V panels ({keys}x{head_dim}) and the block's Q/P rows"
+            + (f" and input rows ({query_k})" if query_k else ""))
     if l1_fixed >= l1:
         return CapacityCheck(False, l1_fixed, l1, "L1", 0, f"one head's K and V panels ({keys}x{head_dim})")
     caps = [(target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")),
-            (target.align_up((head_dim + keys) * dtype_bytes, "l1"), l1 - l1_fixed)]
-    return row_block_check(row, dtype_bytes, rows, target, what, resident=True, caps=caps)
+            (target.align_up((head_dim + keys + query_k) * dtype_bytes, "l1"), l1 - l1_fixed)]
+    return row_block_check(row, dtype_bytes, rows, target, what, resident=True, fixed=fixed, caps=caps)
 
 
 def _static(shape) -> list[int] | None:
@@ -81,26 +102,34 @@ def _static(shape) -> list[int] | None:
 def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionChain | str | None:
     """The attention + projection formed by these members, a reason they do not form it, or None when they
     are not an attention group and a product at all (other chain shapes are then tried)."""
-    if len(cubes) != 3:
+    if len(cubes) not in (3, 4):
         return None
     locks = [nodes[c].locked for c in cubes]
     lock = next((k for k in locks if k is not None and locks.count(k) == 2), None)
     if lock is None:
         return None
     first = tuple(sorted(c for c in cubes if nodes[c].locked == lock))
-    c2 = next(c for c in cubes if nodes[c].locked != lock)
     if not any(nodes[m].pattern in (REDUCE, OUT_EWISE) and not nodes[m].cube
                for m in mset if nodes[m].locked == lock):
         return None                          # two products without a softmax between: not attention
-    after, stack = set(), [c2]
-    while stack:
-        for u in nodes[stack.pop()].users:
-            if u in mset and u not in after:
-                after.add(u)
-                stack.append(u)
-    att = mset - after - {c2}                # the attention and its head-merge layout ops
+    down = _closure(nodes, first, mset, "users")
+    rest = [c for c in cubes if c not in first]
+    proj = [c for c in rest if c in down]
+    query = [c for c in rest if c not in down]
+    if len(proj) != 1 or len(query) > 1:
+        return None                          # not fed by the attention, or more than one product in front
+    c2, query = proj[0], (query[0] if query else None)
+    after = _closure(nodes, [c2], mset, "users")
+    front = _closure(nodes, [query], mset, "producers") | {query} if query is not None else set()
+    att = mset - after - {c2} - front        # the attention, its head-split and head-merge layout ops
     if not any(p in att for p in nodes[c2].producers):
-        return None                          # the third product is not fed by the attention
+        return None                          # the projection is not fed by the attention
+    qk, pv = first if _reaches(nodes, first[0], first[1], mset) else first[::-1]
+    norm = None
+    if query is not None:
+        why, norm = _query_prologue(nodes, query, front, att, mset, qk, var_node)
+        if why:
+            return why
     if any(nodes[m].locked != lock and nodes[m].pattern > INJECTIVE for m in att):
         return "attention + projection: compute in front of the projection outside the attention"
     inside = [p for p in nodes[c2].producers if p in mset]
@@ -116,7 +145,6 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
             return "attention + projection: an attention value is also used outside the kernel"
     if any(nodes[c].out_dtype != 4 for c in (*first, c2)):
         return "attention + projection: only float32 is scheduled as one kernel"
-    qk, pv = first if _reaches(nodes, first[0], first[1], att) else first[::-1]
     pv_shape = _static(getattr(nodes[pv].var.ty, "shape", None))
     qk_shape = _static(getattr(nodes[qk].var.ty, "shape", None))
     inter_shape = _static(getattr(nodes[inter].var.ty, "shape", None))
@@ -130,10 +158,59 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
     rows = 1
     for d in inter_shape[:-1]:
         rows *= d
-    norm = any(nodes[m].pattern in (REDUCE, OUT_EWISE) and not nodes[m].cube for m in after)
+    norm_after = any(nodes[m].pattern in (REDUCE, OUT_EWISE) and not nodes[m].cube for m in after)
     path = frozenset(att - set(first))
-    return AttentionChain(first, c2, inter, path, rows, head_dim, n1, out_shape[-1], norm, None,
-                          heads=heads, head_dim=head_dim, keys=keys)
+    query_k = 0
+    if query is not None:
+        a_pos = [p for p in nodes[query].row_operand if p < len(nodes[query].args)]
+        a_shape = _static(getattr(nodes[query].args[a_pos[0]].ty, "shape", None)) if a_pos else None
+        if not a_shape:
+            return "attention + projection: the query projection needs a static row operand"
+        query_k = a_shape[-1]
+    return AttentionChain(first, c2, inter, path, rows, head_dim, n1, out_shape[-1], norm_after, norm,
+                          heads=heads, head_dim=head_dim, keys=keys, query=query, query_k=query_k)
+
+
+def _closure(nodes, start, mset, step) -> set:
+    """Members reachable from ``start`` through ``users`` or ``producers`` (``start`` itself excluded)."""
+    seen, stack = set(), list(start)
+    while stack:
+        for u in getattr(nodes[stack.pop()], step):
+            if u in mset and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return seen
+
+
+def _query_prologue(nodes, query, front, att, mset, qk, var_node):
+    """(why not, norm node): the product in front of the attention must be its query projection — through
+    layout ops (the head split) it feeds Q·Kᵀ's row operand and nothing else (a K/V projection cannot be
+    computed per block of query rows: every block reads all keys) — and in front of it at most a row norm
+    (its row operand, recomputed per row block) and layout ops."""
+    if nodes[query].escapes or not set(nodes[query].users) <= att:
+        return "attention + projection: the query projection is also used outside the attention", None
+    reached, stack, seen = set(), [query], set()
+    while stack:
+        for u in nodes[stack.pop()].users:
+            if u in seen:
+                continue
+            seen.add(u)
+            if nodes[u].cube or u not in att or nodes[u].pattern > INJECTIVE:
+                reached.add(u)
+            else:
+                stack.append(u)
+    feeds = {i for i, a in enumerate(nodes[qk].args) if var_node.get(a) in seen | {query}}
+    if reached != {qk} or not feeds or not feeds <= set(nodes[qk].row_operand):
+        return "attention + projection: the product in front is not the attention's query projection", None
+    heavy = [m for m in front - {query} if nodes[m].pattern > INJECTIVE]
+    if len(heavy) > 1:
+        return "attention + projection: more than a row norm in front of the query projection", None
+    if heavy:
+        why = _norm_prologue(nodes, heavy[0], (query,), mset)
+        if why:
+            return why.replace("chained GEMM", "attention + projection"), None
+        return None, heavy[0]
+    return None, None
 
 
 def _reaches(nodes, src, dst, att) -> bool:

@@ -12,6 +12,11 @@ being one ``D``-wide panel of the projection's reduction axis:
 * the projection multiplies them into the accumulator rows with the head's ``D`` rows of the (pre-packed)
   weight, in ``mr x nr`` register tiles.
 
+With the query projection in the kernel (``q = norm(x)·Wq``, LLaMA's pre-norm attention), each row block
+starts by normalising its rows once (row sums of squares as vector partial sums, the normalised rows staged in
+``local.L1`` as in the chained GEMM's norm prologue), and each head starts with its ``m x D`` query rows
+(register tiles over the pre-packed ``D`` columns of Wq, in UB): Q never goes to GM either.
+
 After the last head the epilogue (bias, residual) runs on the accumulator rows and they are written out. The
 head-merged attention output never exists in GM. ``m`` comes from ``grouping/attention_chain`` (the budget
 the grouping pass checked), cut to a divisor of the rows and to rows / host cores.
@@ -35,7 +40,9 @@ from .chained_gemm import (
     _largest_divisor,
     _loop_of_reduction,
     _name,
+    _closure,
     _reduces_row,
+    _vectorize_partial_sums,
 )
 from .common import (
     extent,
@@ -81,32 +88,44 @@ class AttentionProjectionRule(ScheduleRule):
     # ---- recognise ------------------------------------------------------------------------------------------
     @staticmethod
     def _plan(sch):
-        """{"qk", "pv", "proj": product names, "out": the output block} when the kernel is products QK, PV,
-        projection in that order, the softmax's reductions between the first two, nothing but elementwise
-        and layout stages elsewhere, one output after the projection."""
+        """{"qk", "pv", "proj", "query": product names (query None without one), "out": the output block,
+        "norm": the query's norm prologue (chained_gemm's form)} when the kernel's products are [query
+        projection,] Q·Kᵀ, P·V and the projection in that order, with the softmax's reductions between the two
+        attention products, at most a row norm in front of the query projection and after the projection, and
+        one output after the projection."""
         blocks = list(root_blocks(sch))
         names = [_name(sch, b) for b in blocks]
+        by_name = dict(zip(names, blocks))
         products = [n for b, n in zip(blocks, names) if _has_reduce(sch, b) and is_contraction(sch, b)]
-        if len(products) != 3:
+        if len(products) not in (3, 4):
             return None
-        qk, pv, proj = products
+        query = products[0] if len(products) == 4 else None
+        qk, pv, proj = products[-3:]
         at = {n: i for i, n in enumerate(names)}
+        if query is not None and query not in _closure(sch, by_name[qk], sch.get_producers):
+            return None
+        start = at[query] if query is not None else -1
         for n, b in zip(names, blocks):
             if n in products or not _has_reduce(sch, b):
                 continue
-            if not (at[qk] < at[n] < at[pv] or (at[n] > at[proj] and _reduces_row(sch, b))):
-                return None                    # a reduction neither the softmax's nor a row norm after
+            if not (at[qk] < at[n] < at[pv] or ((at[n] > at[proj] or at[n] < start) and _reduces_row(sch, b))):
+                return None                    # a reduction neither the softmax's nor a row norm's
         if not any(_has_reduce(sch, b) for n, b in zip(names, blocks) if at[qk] < at[n] < at[pv]):
             return None
         outputs = [n for n, b in zip(names, blocks) if is_output_block(sch, b)]
         if len(outputs) != 1 or outputs[0] != names[-1] or at[proj] == len(names) - 1:
             return None                        # the projection writes through an epilogue (residual, bias)
+        norm = {"stage": [], "out": None}
+        if query is not None:
+            norm = ChainedGemmRule._norm_prologue(sch, by_name, names[:start], [query])
+            if norm is None:
+                return None
         pv_buf = sch.get(blocks[at[pv]]).writes[0].source
         shape = [int(d) for d in pv_buf.shape]
         if len(shape) < 3:
             return None
-        return {"qk": qk, "pv": pv, "proj": proj, "out": names[-1], "heads": shape[-3], "head_dim": shape[-1],
-                "order": names}
+        return {"query": query, "qk": qk, "pv": pv, "proj": proj, "out": names[-1], "norm": norm,
+                "heads": shape[-3], "head_dim": shape[-1], "order": names}
 
     # ---- schedule -------------------------------------------------------------------------------------------
     def _schedule(self, sch, plan, target: AscendTarget, host):
@@ -116,12 +135,13 @@ class AttentionProjectionRule(ScheduleRule):
         at = {n: i for i, n in enumerate(order)}
         qk, pv, proj, out = plan["qk"], plan["pv"], plan["proj"], plan["out"]
         heads, d = plan["heads"], plan["head_dim"]
+        query, norm = plan["query"], plan["norm"]
         kt = self._kt_stage(sch, qk)
 
-        # layout stages inlined into their readers (Q, V, the head merge); the scale and mask into the
-        # softmax; between the projection and the output, the epilogue recomputed where the rows are read
+        # layout stages inlined into their readers (x into the norm, Q, V, the head merge); the scale and mask
+        # into the softmax; between the projection and the output, the epilogue recomputed where it is read
         for n in order:
-            if n in (qk, pv, proj, out, kt) or at[n] > at[proj]:
+            if n in (qk, pv, proj, out, kt, query) or n in norm["stage"] or at[n] > at[proj]:
                 continue
             blk = get(n)
             if _has_reduce(sch, blk):
@@ -135,6 +155,9 @@ class AttentionProjectionRule(ScheduleRule):
             ok(sch.compute_inline, blk)
         for n in order[at[proj] + 1:-1]:
             ok(sch.compute_inline, get(n))
+        norm_blocks, norm_rf = ChainedGemmRule._norm_stage(sch, norm, lanes)
+        if norm_blocks is None:
+            return None
 
         rows_dom = [extent(sch, l) for l in sch.get_loops(get(proj))]
         if any(x is None for x in rows_dom) or len(rows_dom) < 3:
@@ -145,7 +168,9 @@ class AttentionProjectionRule(ScheduleRule):
         if n1 != heads * d or keys is None:
             return None
         norm_after = any(_has_reduce(sch, get(n)) for n in order[at[proj] + 1:] if try_(get, n) is not None)
-        check = attention_row_block(heads, d, keys, n2, rows, target, 4, norm_after=norm_after)
+        query_k = extent(sch, sch.get_loops(get(query))[-1]) if query is not None else 0
+        check = attention_row_block(heads, d, keys, n2, rows, target, 4, norm_after=norm_after,
+                                    query_k=query_k or 0, query_norm=norm["out"] is not None)
         if not check.fits:
             self.note = f"one query row needs {check.needed_bytes} B of {check.scope} > {check.available_bytes} B"
             return None
@@ -175,6 +200,11 @@ class AttentionProjectionRule(ScheduleRule):
         mr2 = _largest_divisor(m, mr2)
         ChainedGemmRule._prepack(sch, get(proj), nvec2 * v2, d)
         sch.set_scope(get(proj), 0, L0C_SCOPE)
+        if query is not None:                  # the query projection: m x D register tiles over Wq's head panel
+            v1 = vector_width_for(d, lanes)
+            mr1, nvec1 = micro_tile(m, d, v1, ACCUMULATORS)
+            nvec1, mr1 = _largest_divisor(d // v1, nvec1), _largest_divisor(m, mr1)
+            ChainedGemmRule._prepack(sch, get(query), nvec1 * v1)
 
         # anchor: m output rows at a time, everything else under that loop
         loops = sch.get_loops(get(out))
@@ -201,16 +231,28 @@ class AttentionProjectionRule(ScheduleRule):
         head, _ = sch.split(red, [None, d])
         ploops = sch.get_loops(get(proj))
         sch.reorder(head, *[l for l in ploops[at_rb + 1:] if not _loop_of_reduction(sch, get(proj), l)])
-        # every attention stage (rfactor partials included) computed for one head of the row block
-        stages = set(order[:at[proj]]) | rf_names
+        # every attention stage (rfactor partials included) computed for one head of the row block; the
+        # query's normalised rows once per row block, staged in L1 for every head
+        stages = (set(order[at[query] if query else 0:at[proj]]) | rf_names) - set(norm_blocks)
         attention = [_name(sch, b) for b in root_blocks(sch) if _name(sch, b) in stages]
         for n in reversed(attention):
             sch.compute_at(get(n), head, preserve_unit_loops=True)
         for n in attention:
             if not is_output_block(sch, get(n)):
                 try_(sch.set_scope, get(n), 0, L1_SCOPE if n == kt else UB_SCOPE)
+        for n in norm_blocks:
+            try_(sch.set_scope, get(n), 0, L1_SCOPE if n == norm["out"] else UB_SCOPE)
         ChainedGemmRule._tile(sch, get(proj), mr2, nvec2, v2, whole=False)
+        if query is not None:
+            ChainedGemmRule._tile(sch, get(query), mr1, nvec1, v1, whole=True)
+        for n in norm_blocks:
+            if n in norm_rf:
+                _vectorize_partial_sums(sch, get(n))
+            elif not _has_reduce(sch, get(n)):
+                innermost_vector(sch, get(n), lanes)
         for n in attention:
+            if n == query:
+                continue
             blk = get(n)
             if n in rf_names:
                 ReductionRule._vectorize_rf(sch, blk)
