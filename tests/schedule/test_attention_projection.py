@@ -181,3 +181,42 @@ def test_switch_off_and_attention_output_used_elsewhere_are_reported():
     assert "attention-projection" not in both.report.sections["schedules"].values()
     why = [r.get("why", "") for r in both.report.get("CostBasedFusionPass").not_effective]
     assert any("also used outside the kernel" in w for w in why), why
+
+
+def _kv_projected_attention(s, h, d, seed=0):
+    """Q given, K = x·Wk computed in the graph (a key projection in front of the attention), · Wo + x."""
+    rng = np.random.default_rng(seed)
+    n = h * d
+    c = lambda *shape: relax.const((rng.standard_normal(shape) * 0.2).astype("float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, s, n), "float32"))
+    q = relax.Var("q", relax.TensorType((1, h, s, d), "float32"))
+    with bb.function("main", [x, q]):
+        with bb.dataflow():
+            k = bb.emit(_heads(op.matmul(x, c(n, n)), s, h, d))
+            v = bb.emit(_heads(x, s, h, d))
+            p = op.nn.softmax(op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])),
+                                          relax.const(np.float32(1 / np.sqrt(d)))), -1)
+            o = bb.emit(op.reshape(op.permute_dims(op.matmul(p, v), [0, 2, 1, 3]), (1, s, n)))
+            out = bb.emit_output(op.add(op.matmul(o, c(n, n)), x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_key_projection_stays_outside_and_is_reported():
+    """A product in front of the attention that feeds Kᵀ (not the query rows) cannot be computed per block of
+    query rows: every block reads all keys. The merge is refused with that reason; numbers unchanged."""
+    result = assert_same_numbers(_kv_projected_attention(16, 2, 8))
+    why = [r.get("why", "") for r in result.report.get("CostBasedFusionPass").not_effective]
+    assert any("not the attention's query projection" in w for w in why), why
+    assert "attention-projection" in result.report.sections["schedules"].values()
+
+
+def test_k_and_v_panels_over_l1_refuse_the_merge_with_the_bytes():
+    """A target whose L1 cannot hold one head's K and V panels: the attention and the projection stay two
+    kernels and the refusal names L1 and the bytes."""
+    small = dataclasses.replace(get_target("ascend910b"), name="small_l1", l1_bytes=192 * 1024)
+    result = assert_same_numbers(_decoder_attention(256, 2, 64), target=small)
+    assert "attention-projection" not in result.report.sections["schedules"].values()
+    refused = [r for r in result.report.get("CostBasedFusionPass").not_effective if r.get("scope") == "L1"]
+    assert refused and refused[0]["needed_bytes"] > refused[0]["available_bytes"], refused

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..switches import UB_FUSION, register_switch
 from .capacity import CapacityCheck, row_block_check
-from .chain import Chain, _norm_prologue
+from .chain import Chain, _norm_prologue, _static
 
 ATTENTION_PROJECTION = register_switch(
     "AttentionProjectionFusionPass", UB_FUSION,
@@ -88,15 +88,6 @@ def attention_row_block(heads: int, head_dim: int, keys: int, n2: int, rows: int
     caps = [(target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")),
             (target.align_up((head_dim + keys + query_k) * dtype_bytes, "l1"), l1 - l1_fixed)]
     return row_block_check(row, dtype_bytes, rows, target, what, resident=True, fixed=fixed, caps=caps)
-
-
-def _static(shape) -> list[int] | None:
-    out = []
-    for d in shape or []:
-        if not hasattr(d, "value"):
-            return None
-        out.append(int(d.value))
-    return out
 
 
 def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionChain | str | None:

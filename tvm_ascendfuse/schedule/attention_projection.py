@@ -36,11 +36,11 @@ from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
 from .chained_gemm import (
     ACCUMULATORS,
     ChainedGemmRule,
+    _closure,
     _has_reduce,
     _largest_divisor,
     _loop_of_reduction,
     _name,
-    _closure,
     _reduces_row,
     _vectorize_partial_sums,
 )
