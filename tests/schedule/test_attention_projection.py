@@ -220,3 +220,18 @@ def test_k_and_v_panels_over_l1_refuse_the_merge_with_the_bytes():
     assert "attention-projection" not in result.report.sections["schedules"].values()
     refused = [r for r in result.report.get("CostBasedFusionPass").not_effective if r.get("scope") == "L1"]
     assert refused and refused[0]["needed_bytes"] > refused[0]["available_bytes"], refused
+
+
+def test_chained_gemms_off_keeps_qkv_merged_and_every_kernel_scheduled():
+    """With chained GEMMs off (the README's CPU advice) the FFN's norm stays with the o-projection, which then
+    writes h and norm(h): the attention kernel (one output) refuses it with that reason, the query is not
+    left apart for nothing (Q|K|V merged: 5 kernels), and no kernel falls back to the generic schedule."""
+    from tvm_ascendfuse.frontend import import_onnx
+    from tvm_ascendfuse.workloads import llama_block
+
+    result = assert_same_numbers(import_onnx(llama_block(seq=16, hidden=64, heads=4, ffn=96)),
+                                 switches={"ChainedGemmFusionPass": "off"})
+    assert kernel_count(result) == 5
+    assert "fallback" not in result.report.sections["schedules"].values(), result.report.sections["schedules"]
+    why = [r.get("why", "") for r in result.report.get("CostBasedFusionPass").not_effective]
+    assert any("more than one output" in w for w in why), why

@@ -149,6 +149,10 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
     rows = 1
     for d in inter_shape[:-1]:
         rows *= d
+    outs = [m for m in after | {c2} if nodes[m].escapes or any(u not in mset for u in nodes[m].users)]
+    if len(outs) > 1:
+        # e.g. the residual sum h and norm(h) of a pre-norm block: the kernel writes one row block out
+        return "attention + projection: more than one output (the kernel writes one tensor)"
     norm_after = any(nodes[m].pattern in (REDUCE, OUT_EWISE) and not nodes[m].cube for m in after)
     path = frozenset(att - set(first))
     query_k = 0
