@@ -82,6 +82,29 @@ def test_query_projection_avx512_widths():
     check_rule(AttentionProjectionRule(), fused_kernel(build, shapes), host=NATIVE, fixed={4: causal_mask(64, 64)})
 
 
+@pytest.mark.parametrize("b,s", [(2, 6), (3, 6)])
+def test_batch_row_blocks_stay_within_one_sequence(b, s):
+    """Batch > 1: the rows are batch x query rows; a row block never straddles two sequences (3 x 6 rows on two
+    cores would otherwise get blocks of 9)."""
+    h, d = 2, 8
+    n = h * d
+
+    def heads(t):
+        return op.permute_dims(op.reshape(t, (b, s, h, d)), [0, 2, 1, 3])
+
+    def build(qkv, wo, x, mask):
+        q, k, v = (heads(op.strided_slice(qkv, [2], [i * n], [(i + 1) * n])) for i in range(3))
+        sc = op.add(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), mask)
+        o = op.reshape(op.permute_dims(op.matmul(op.nn.softmax(sc, -1), v), [0, 2, 1, 3]), (b, s, n))
+        return op.add(op.matmul(o, wo), x)
+
+    rule = AttentionProjectionRule()
+    check_rule(rule, fused_kernel(build, [(b, s, 3 * n), (n, n), (b, s, n), (1, 1, s, s)]),
+               fixed={3: causal_mask(s, s)})
+    m = int(rule.note.split("query rows per block ")[1].split(",")[0])
+    assert s % m == 0, rule.note
+
+
 def test_row_norm_after_the_projection():
     """Post-LN (BERT): the LayerNorm's row statistics computed from the accumulator rows, per row block."""
     shapes, build = attention_block(16, 2, 8, mask=False, norm=True)
@@ -235,3 +258,4 @@ def test_chained_gemms_off_keeps_qkv_merged_and_every_kernel_scheduled():
     assert "fallback" not in result.report.sections["schedules"].values(), result.report.sections["schedules"]
     why = [r.get("why", "") for r in result.report.get("CostBasedFusionPass").not_effective]
     assert any("more than one output" in w for w in why), why
+

@@ -175,7 +175,9 @@ class AttentionProjectionRule(ScheduleRule):
             self.note = f"one query row needs {check.needed_bytes} B of {check.scope} > {check.available_bytes} B"
             return None
         cores = num_cores(host)
-        m = _largest_divisor(rows, min(check.tile_elems, max(1, rows // max(1, cores))))
+        # a divisor of one sequence's query rows, so that no row block straddles two batch entries (it would
+        # compute the attention stages of both)
+        m = _largest_divisor(rows_dom[-3], min(check.tile_elems, max(1, rows // max(1, cores))))
 
         # softmax reductions: lane-wide partial sums (rfactor at the root, before anything moves)
         rf_names = set()
