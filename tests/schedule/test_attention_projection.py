@@ -77,6 +77,22 @@ def test_query_projection_with_norm_prologue_matches_unscheduled(s, h, d):
     assert scopes.count("local.L1") == 2, scopes          # the normalised rows and the Kᵀ panel
 
 
+def test_query_projection_with_bias_and_no_norm_matches_unscheduled():
+    """BERT's form: q = x·Wq + bq straight from the layer input (which the residual reads anyway)."""
+    s, h, d = 16, 2, 8
+    n = h * d
+
+    def build(x, wq, bq, kv, wo):
+        q = _heads(op.add(op.matmul(x, wq), bq), s, h, d)
+        k, v = (_heads(op.strided_slice(kv, [2], [i * n], [(i + 1) * n]), s, h, d) for i in range(2))
+        p = op.nn.softmax(op.divide(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), relax.const(np.float32(3))), -1)
+        o = op.reshape(op.permute_dims(op.matmul(p, v), [0, 2, 1, 3]), (1, s, n))
+        return op.add(op.matmul(o, wo), x)
+
+    rule = AttentionProjectionRule()
+    check_rule(rule, fused_kernel(build, [(1, s, n), (n, n), (n,), (1, s, 2 * n), (n, n)]))
+
+
 def test_query_projection_avx512_widths():
     shapes, build = query_block(64, 4, 16)
     check_rule(AttentionProjectionRule(), fused_kernel(build, shapes), host=NATIVE, fixed={4: causal_mask(64, 64)})
@@ -193,6 +209,20 @@ def test_llama_query_projection_inside_and_kv_merged(target):
     off = assert_same_numbers(import_onnx(llama_block(seq=16, hidden=64, heads=4, ffn=96)),
                switches={"AttentionProjectionFusionPass": "off"})
     assert kernel_count(off) == 4        # Q|K|V merged again, attention and o-projection apart
+
+
+def test_bert_query_with_bias_inside_post_ln():
+    """BERT (post-LN, biases, no norm in front of Q/K/V): the query with its bias computed in the attention kernel,
+    which ends with the residual LayerNorm; K|V merged. Three kernels."""
+    from tvm_ascendfuse.frontend import import_onnx
+    from tvm_ascendfuse.workloads import bert_layer
+
+    result = assert_same_numbers(import_onnx(bert_layer(seq=16, hidden=64, heads=4, ffn=128)))
+    assert kernel_count(result) == 3
+    [att] = [g for g in result.report.sections["grouping"]["groups"]
+             if g.get("chain", {}).get("kind") == "attention + output projection"]
+    assert "query_projection" in att["chain"] and "query_norm" not in att["chain"], att
+    assert "layer_norm" in att["ops"]
 
 
 def test_switch_off_and_attention_output_used_elsewhere_are_reported():

@@ -11,11 +11,12 @@ its output to GM because it has three consumers. After the merge ``x`` is read o
 has one consumer, so it can become the prologue of the merged GEMM. Exact: every output element is the same
 dot product over the same K values (a sibling without a bias gets zeros, ``y + 0 == y``).
 
-An attention's query projection is left out of the merge when the attention and its output projection are
-fused (``AttentionProjectionFusionPass``, with ``ChainedGemmFusionPass``: see ``configure``) and the shared input is a row norm's output: that kernel then also
-computes the query rows, per block of query rows and head, from its own copy of the norm (it reads the norm's
-input anyway, for the residual), so Q never goes to GM; K and V are merged as before (they are read by every
-query block). Only a query without a bias, feeding the left operand of a product whose result is softmaxed.
+An attention's query projection (the sibling feeding the left operand of a product whose result is
+softmaxed) is left out of the merge when the attention and its output projection are fused
+(``AttentionProjectionFusionPass``, with ``ChainedGemmFusionPass``: see ``configure``): that kernel then also
+computes the query rows (+ bias), per block of query rows and head, from the input it reads anyway for the
+residual, or from its own copy of the norm when the shared input is a row norm's output (LLaMA). Q never goes
+to GM; K and V are merged as before (every query block reads all of them).
 
 Weights must be 2-D constants (also a reshape/transpose chain over one) with the same K and dtype, biases
 constants varying only along the output-feature axis. Refused (recorded, left alone): siblings whose results
@@ -129,7 +130,8 @@ class MatMulSiblingMergeFusionPass(FusionPass):
             query = self._attention_query(lhs, sibs, graph) if self.query_apart else None
             if query is not None and len(sibs) > 2:
                 sibs = [s for s in sibs if s is not query]
-                self._apart[query.matmul] = graph.value(lhs)
+                normed = op_name(graph.value(lhs)) in _NORMS
+                self._apart[query.matmul] = graph.value(lhs) if normed else None
                 where = "+".join(s.root.name for s in sibs)
             problem = self._compatible(sibs, graph)
             if problem is not None:
@@ -172,9 +174,8 @@ class MatMulSiblingMergeFusionPass(FusionPass):
     def _attention_query(lhs, sibs: list[Sibling], graph: FunctionGraph) -> Sibling | None:
         """The sibling that is an attention's query (see the module docstring), when ``lhs`` is a row norm's
         output read only by the siblings; else None."""
-        norm = graph.value(lhs)
-        if op_name(norm) not in _NORMS or len(graph.users.get(lhs, [])) != len(sibs):
-            return None
+        if op_name(graph.value(lhs)) in _NORMS and len(graph.users.get(lhs, [])) != len(sibs):
+            return None          # a norm read elsewhere too: its copy would not be the query's own
 
         def layout_reach(var) -> set:
             seen, stack = {var}, [var]
@@ -187,8 +188,6 @@ class MatMulSiblingMergeFusionPass(FusionPass):
 
         reach = {id(s): layout_reach(s.root) for s in sibs}
         for s in sibs:
-            if s.bias is not None:
-                continue
             for u in {u for v in reach[id(s)] for u in graph.users.get(v, []) if u is not None}:
                 call = graph.value(u)
                 if op_name(call) != "relax.matmul" or not any(call.args[0].same_as(v) for v in reach[id(s)]):
@@ -269,7 +268,7 @@ class _Emit(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         norm = self.apart.get(binding.var)
-        if norm is not None:
+        if norm is not None:              # the query reads its own copy of the norm
             # a new Call object: one bound twice would make the two bindings indistinguishable to the matcher
             copy = self.builder_.emit(relax.Call(norm.op, [self.visit_expr(a) for a in norm.args], norm.attrs),
                                       name_hint="query_norm")

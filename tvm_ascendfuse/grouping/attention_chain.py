@@ -10,8 +10,10 @@ Wo, is streamed once per row block).
 
 Taken when: the attention is one pattern group (its two products share a lock) whose only output is the
 head-merged rows; the projection reads them as its row operand (``A[i, k]``, ``k`` = head·D + d) and is the
-only reader; the rest of the group follows the projection (bias, residual, at most a row norm); float32,
-static shapes.
+only reader; the rest of the group follows the projection (bias, residual, at most a row norm) and the group
+has one output; float32, static shapes. A fourth product may come first: the query projection (+ bias),
+feeding Q·Kᵀ's row operand alone through its head split, with at most a row norm in front (recomputed per row
+block); a key/value projection cannot be (every query block reads all keys).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class AttentionChain(Chain):
     keys: int = 1              # key/value rows (the score rows' length)
     query: int | None = None   # the query projection computed in the kernel (``prologue``: its row norm)
     query_k: int = 0           # its reduction length (the input row it reads)
+    query_path: frozenset = frozenset()   # the query's epilogue and head split, up to Q·Kᵀ
 
     def capacity(self, dtype_bytes: int, target) -> CapacityCheck:
         return attention_row_block(self.heads, self.head_dim, self.keys, self.n2, self.rows, target, dtype_bytes,
@@ -116,9 +119,9 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
     if not any(p in att for p in nodes[c2].producers):
         return None                          # the projection is not fed by the attention
     qk, pv = first if _reaches(nodes, first[0], first[1], mset) else first[::-1]
-    norm = None
+    norm, query_path = None, frozenset()
     if query is not None:
-        why, norm = _query_prologue(nodes, query, front, att, mset, qk, var_node)
+        why, norm, query_path = _query_prologue(nodes, query, front, att, mset, qk, var_node)
         if why:
             return why
     if any(nodes[m].locked != lock and nodes[m].pattern > INJECTIVE for m in att):
@@ -163,7 +166,8 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
             return "attention + projection: the query projection needs a static row operand"
         query_k = a_shape[-1]
     return AttentionChain(first, c2, inter, path, rows, head_dim, n1, out_shape[-1], norm_after, norm,
-                          heads=heads, head_dim=head_dim, keys=keys, query=query, query_k=query_k)
+                          heads=heads, head_dim=head_dim, keys=keys, query=query, query_k=query_k,
+                          query_path=query_path)
 
 
 def _closure(nodes, start, mset, step) -> set:
@@ -178,12 +182,13 @@ def _closure(nodes, start, mset, step) -> set:
 
 
 def _query_prologue(nodes, query, front, att, mset, qk, var_node):
-    """(why not, norm node): the product in front of the attention must be its query projection — through
-    layout ops (the head split) it feeds Q·Kᵀ's row operand and nothing else (a K/V projection cannot be
-    computed per block of query rows: every block reads all keys) — and in front of it at most a row norm
-    (its row operand, recomputed per row block) and layout ops."""
+    """(why not, norm node, path): the product in front of the attention must be its query projection —
+    through elementwise/layout ops (bias, head split: ``path``) it feeds Q·Kᵀ's row operand and nothing else (a
+    K/V projection cannot be computed per block of query rows: every block reads all keys) — and in front of
+    it at most a row norm (its row operand, recomputed per row block) and layout ops."""
+    no = frozenset()
     if nodes[query].escapes or not set(nodes[query].users) <= att:
-        return "attention + projection: the query projection is also used outside the attention", None
+        return "attention + projection: the query projection is also used outside the attention", None, no
     reached, stack, seen = set(), [query], set()
     while stack:
         for u in nodes[stack.pop()].users:
@@ -196,16 +201,19 @@ def _query_prologue(nodes, query, front, att, mset, qk, var_node):
                 stack.append(u)
     feeds = {i for i, a in enumerate(nodes[qk].args) if var_node.get(a) in seen | {query}}
     if reached != {qk} or not feeds or not feeds <= set(nodes[qk].row_operand):
-        return "attention + projection: the product in front is not the attention's query projection", None
+        return "attention + projection: the product in front is not the attention's query projection", None, no
+    path = frozenset(seen - reached)
+    if any(set(nodes[u].users) - path - {qk} for u in path):
+        return "attention + projection: the query rows are also used outside Q·Kᵀ", None, no
     heavy = [m for m in front - {query} if nodes[m].pattern > INJECTIVE]
     if len(heavy) > 1:
-        return "attention + projection: more than a row norm in front of the query projection", None
+        return "attention + projection: more than a row norm in front of the query projection", None, no
     if heavy:
         why = _norm_prologue(nodes, heavy[0], (query,), mset)
         if why:
-            return why.replace("chained GEMM", "attention + projection"), None
-        return None, heavy[0]
-    return None, None
+            return why.replace("chained GEMM", "attention + projection"), None, no
+        return None, heavy[0], path
+    return None, None, path
 
 
 def _reaches(nodes, src, dst, att) -> bool:

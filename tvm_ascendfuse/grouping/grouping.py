@@ -238,8 +238,8 @@ class _Model:
                 seen.add(p)
                 if nodes[p].locked is not None and nodes[p].locked == nodes[c].locked:
                     continue
-                if isinstance(chain, AttentionChain) and p == chain.query:
-                    continue        # the query projection in front of the attention, checked by its finder
+                if isinstance(chain, AttentionChain) and (p == chain.query or p in chain.query_path):
+                    continue        # the query projection and its bias/head split, checked by the finder
                 if chain is not None and p == chain.prologue:
                     # the chain's norm prologue (its normalised row block staged on chip, see chain.py);
                     # only layout ops in front of it
