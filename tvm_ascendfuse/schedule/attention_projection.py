@@ -121,9 +121,9 @@ class AttentionProjectionRule(ScheduleRule):
             if norm is None:
                 return None
         pv_buf = sch.get(blocks[at[pv]]).writes[0].source
+        if len(pv_buf.shape) < 3 or not all(isinstance(d, tirx.IntImm) for d in pv_buf.shape):
+            return None                        # static shapes only (as the grouping builds this kernel)
         shape = [int(d) for d in pv_buf.shape]
-        if len(shape) < 3:
-            return None
         return {"query": query, "qk": qk, "pv": pv, "proj": proj, "out": names[-1], "norm": norm,
                 "heads": shape[-3], "head_dim": shape[-1], "order": names}
 
