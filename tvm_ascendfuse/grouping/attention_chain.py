@@ -26,7 +26,8 @@ from .chain import Chain, _norm_prologue, _static
 
 ATTENTION_PROJECTION = register_switch(
     "AttentionProjectionFusionPass", UB_FUSION,
-    "cost-based grouping may merge attention with its output projection (+ residual), per block of query rows",
+    "cost-based grouping may merge attention with its output projection (+ residual) and its query projection "
+    "(+ norm), per block of query rows",
     default_on=True)
 
 INJECTIVE, REDUCE, OUT_EWISE = 2, 3, 4
@@ -34,6 +35,8 @@ INJECTIVE, REDUCE, OUT_EWISE = 2, 3, 4
 
 @dataclass(frozen=True)
 class AttentionChain(Chain):
+    """A ``Chain`` whose first products are one attention's Q·Kᵀ and P·V (``k1`` = head_dim, ``n1`` = heads·D)."""
+
     heads: int = 1
     head_dim: int = 1
     keys: int = 1              # key/value rows (the score rows' length)
