@@ -68,3 +68,15 @@ def assert_same_numbers(mod: tvm.IRModule, seed: int = 0, switches=None, target=
 
 def kernel_count(result) -> int:
     return sum(k["launches"] for k in result.report.kernels)
+
+
+def assert_scheduled_within_capacity(result, target="ascend910b", scopes=("local.UB", "local.L1", "local.L0C")):
+    """Every scheduled kernel's on-chip bytes per scope, counted on its TIR, within the target's capacity."""
+    from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+
+    npu = af.get_target(target)
+    for gv, func in result.scheduled_module.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "tirx.is_scheduled" in func.attrs:
+            usage = kernel_usage(gv.name_hint, func, npu)
+            for scope in scopes:
+                assert usage.bytes(scope) <= npu.capacity(scope), (gv.name_hint, scope, usage.bytes(scope))

@@ -6,12 +6,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 from tvm.relax import op
 
-from tests.helpers import assert_same_numbers, kernel_count
-from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tests.helpers import assert_same_numbers, assert_scheduled_within_capacity, kernel_count
 from tvm_ascendfuse.schedule.attention_projection import AttentionProjectionRule
 from tvm_ascendfuse.target import get_target
 
@@ -183,12 +181,7 @@ def test_pipeline_attention_and_projection_in_one_kernel(target, s, h, d):
     assert "attention-projection" in result.report.sections["schedules"].values()
     groups = result.report.sections["grouping"]["groups"]
     assert any(g.get("chain", {}).get("kind") == "attention + output projection" for g in groups), groups
-    npu = get_target(target)
-    for gv, func in result.scheduled_module.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "tirx.is_scheduled" in func.attrs:
-            usage = kernel_usage(gv.name_hint, func, npu)
-            for scope in ("local.UB", "local.L1", "local.L0C"):
-                assert usage.bytes(scope) <= npu.capacity(scope), (gv.name_hint, scope, usage.bytes(scope))
+    assert_scheduled_within_capacity(result, target)
 
 
 @pytest.mark.parametrize("target", ["ascend910b", "ascend310p"])

@@ -9,7 +9,7 @@ import tvm
 from tvm import relax
 from tvm.relax import op
 
-from tests.helpers import assert_same_numbers, kernel_count
+from tests.helpers import assert_same_numbers, assert_scheduled_within_capacity, kernel_count
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.chained_gemm import ChainedGemmRule
 from tvm_ascendfuse.target import get_target
@@ -192,9 +192,4 @@ def test_pipeline_norm_prologue_within_capacity(rows, k, f):
     assert kernel_count(result) == 2
     notes = [n for ns in result.report.sections["schedule_notes"].values() for n in ns]
     assert any("norm prologue" in n for n in notes), notes
-    npu = get_target("ascend910b")
-    for gv, func in result.scheduled_module.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "tirx.is_scheduled" in func.attrs:
-            usage = kernel_usage(gv.name_hint, func, npu)
-            for scope in ("local.UB", "local.L1", "local.L0C"):
-                assert usage.bytes(scope) <= npu.capacity(scope), (gv.name_hint, scope, usage.bytes(scope))
+    assert_scheduled_within_capacity(result, "ascend910b")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..switches import UB_FUSION, register_switch
 from .capacity import CapacityCheck, row_block_check
-from .chain import Chain, _norm_prologue, _static
+from .chain import Chain, _norm_prologue, _static, reachable
 
 ATTENTION_PROJECTION = register_switch(
     "AttentionProjectionFusionPass", UB_FUSION,
@@ -109,19 +109,19 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
     if not any(nodes[m].pattern in (REDUCE, OUT_EWISE) and not nodes[m].cube
                for m in mset if nodes[m].locked == lock):
         return None                          # two products without a softmax between: not attention
-    down = _closure(nodes, first, mset, "users")
+    down = reachable(nodes, first, mset, "users")
     rest = [c for c in cubes if c not in first]
     proj = [c for c in rest if c in down]
     query = [c for c in rest if c not in down]
     if len(proj) != 1 or len(query) > 1:
         return None                          # not fed by the attention, or more than one product in front
     c2, query = proj[0], (query[0] if query else None)
-    after = _closure(nodes, [c2], mset, "users")
-    front = _closure(nodes, [query], mset, "producers") | {query} if query is not None else set()
+    after = reachable(nodes, [c2], mset, "users")
+    front = reachable(nodes, [query], mset, "producers") | {query} if query is not None else set()
     att = mset - after - {c2} - front        # the attention, its head-split and head-merge layout ops
     if not any(p in att for p in nodes[c2].producers):
         return None                          # the projection is not fed by the attention
-    qk, pv = first if _reaches(nodes, first[0], first[1], mset) else first[::-1]
+    qk, pv = first if first[1] in reachable(nodes, [first[0]], mset, "users") else first[::-1]
     norm, query_path = None, frozenset()
     if query is not None:
         why, norm, query_path = _query_prologue(nodes, query, front, att, mset, qk, var_node)
@@ -173,17 +173,6 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
                           query_path=query_path)
 
 
-def _closure(nodes, start, mset, step) -> set:
-    """Members reachable from ``start`` through ``users`` or ``producers`` (``start`` itself excluded)."""
-    seen, stack = set(), list(start)
-    while stack:
-        for u in getattr(nodes[stack.pop()], step):
-            if u in mset and u not in seen:
-                seen.add(u)
-                stack.append(u)
-    return seen
-
-
 def _query_prologue(nodes, query, front, att, mset, qk, var_node):
     """(why not, norm node, path): the product in front of the attention must be its query projection —
     through elementwise/layout ops (bias, head split: ``path``) it feeds Q·Kᵀ's row operand and nothing else (a
@@ -212,22 +201,9 @@ def _query_prologue(nodes, query, front, att, mset, qk, var_node):
     if len(heavy) > 1:
         return "attention + projection: more than a row norm in front of the query projection", None, no
     if heavy:
-        why = _norm_prologue(nodes, heavy[0], (query,), mset)
+        why = _norm_prologue(nodes, heavy[0], (query,), mset, "attention + projection")
         if why:
-            return why.replace("chained GEMM", "attention + projection"), None, no
+            return why, None, no
         return None, heavy[0], path
     return None, None, path
 
-
-def _reaches(nodes, src, dst, att) -> bool:
-    """Does product ``src`` feed product ``dst`` through the attention's nodes (Q·Kᵀ feeds P·V)?"""
-    stack, seen = [src], set()
-    while stack:
-        m = stack.pop()
-        for u in nodes[m].users:
-            if u == dst:
-                return True
-            if u in att and u not in seen:
-                seen.add(u)
-                stack.append(u)
-    return False

@@ -225,12 +225,7 @@ def _chain(nodes, mset, first, c2, var_node) -> Chain | str | None:
         if nodes[m].escapes or not users <= (path | {c2}) or (m != inter and c2 in users):
             return "chained GEMM: the intermediate is also used outside the chain"
     # everything else: an injective prologue of the first product(s), or what follows the second product
-    after, stack = set(), [c2]
-    while stack:
-        for u in nodes[stack.pop()].users:
-            if u in mset and u not in after:
-                after.add(u)
-                stack.append(u)
+    after = reachable(nodes, [c2], mset, "users")
     rest = mset - path - set(first) - {c2} - after
     heavy = [m for m in rest if nodes[m].pattern > INJECTIVE]
     prologue = None
@@ -258,21 +253,33 @@ def _chain(nodes, mset, first, c2, var_node) -> Chain | str | None:
     return Chain(first, c2, inter, frozenset(path), rows, a_shape[-1], n1, out_shape[-1], norm, prologue)
 
 
-def _norm_prologue(nodes, m, first, mset) -> str | None:
+def reachable(nodes, start, mset, step: str) -> set:
+    """Members of ``mset`` reachable from the nodes ``start`` along ``users`` or ``producers`` (``start``
+    itself only when reached again)."""
+    seen, stack = set(), list(start)
+    while stack:
+        for u in getattr(nodes[stack.pop()], step):
+            if u in mset and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return seen
+
+
+def _norm_prologue(nodes, m, first, mset, kernel: str = "chained GEMM") -> str | None:
     """None when node ``m`` can be the chain's norm prologue: a vector row reduction over the last axis
     (``row_norm``) whose output is read only by the first product(s), as their row operand, and whose own
     producers in the group are layout ops; else why not."""
     n = nodes[m]
     if n.cube or n.pattern not in (REDUCE, OUT_EWISE) or not n.row_norm:
-        return f"chained GEMM: {n.name or 'an op'} in front of the products is not a row norm over the last axis"
+        return f"{kernel}: {n.name or 'an op'} in front of the products is not a row norm over the last axis"
     if n.escapes or not set(n.users) <= set(first):
-        return "chained GEMM: the normalised rows are also used outside the first product(s)"
+        return f"{kernel}: the normalised rows are also used outside the first product(s)"
     for f in first:
         pos = [i for i, a in enumerate(nodes[f].args) if a.same_as(n.var)]
         if any(p not in nodes[f].row_operand for p in pos):
-            return "chained GEMM: the normalised rows are not the first product's row operand"
+            return f"{kernel}: the normalised rows are not the first product's row operand"
     if any(nodes[p].pattern > INJECTIVE for p in n.producers if p in mset):
-        return "chained GEMM: compute in front of the norm prologue"
+        return f"{kernel}: compute in front of the norm prologue"
     return None
 
 

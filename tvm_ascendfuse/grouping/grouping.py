@@ -33,7 +33,7 @@ from ..switches import UB_FUSION, register_switch
 from ..target import AscendTarget, current_target_from_tvm, get_target
 from .capacity import TileBuffer, l0_check, ub_check
 from .attention_chain import AttentionChain, find_attention_chain
-from .chain import Chain, find_chain, reduces_last_axis, row_operand_positions
+from .chain import Chain, find_chain, reachable, reduces_last_axis, row_operand_positions
 from .cost import GroupCost, GroupingConfig, accept, pad_ratio, tiles_for
 
 SWITCH = register_switch(
@@ -253,12 +253,7 @@ class _Model:
         if len(reds) > self.cfg.max_reductions:
             return f"more than {self.cfg.max_reductions} reductions"
         if cubes and reds:
-            after_cube, stack = set(), list(cubes)
-            while stack:
-                for u in nodes[stack.pop()].users:
-                    if u in mset and u not in after_cube:
-                        after_cube.add(u)
-                        stack.append(u)
+            after_cube = reachable(nodes, cubes, mset, "users")
             limit = self.target.l0c_bytes // (self.target.cube_m * 4)
             for m in reds:
                 if m in after_cube and nodes[m].row > limit:

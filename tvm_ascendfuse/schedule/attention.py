@@ -58,7 +58,7 @@ class AttentionRule(ScheduleRule):
             # bf16 is stored as uint16 on the host; this rule's vectorized stores then fail TVM's BF16
             # legalization ("dtype mismatch on BufferStore ... T.bfloat16x8"). Another rule takes it.
             return None
-        if not _reduction_between_products(func):
+        if not reduction_between_products(func):
             return None     # e.g. a chained FFN: declined before building a schedule (~4 ms on W3's)
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
@@ -210,7 +210,7 @@ class AttentionRule(ScheduleRule):
         return sch
 
 
-def _reduction_between_products(func: tirx.PrimFunc) -> bool:
+def reduction_between_products(func: tirx.PrimFunc) -> bool:
     """Whether some non-product reduction block (the softmax) lies between two product blocks, in program
     order; a cheap necessary condition for the rule, read off the unscheduled function."""
     order = reduction_kinds(func)

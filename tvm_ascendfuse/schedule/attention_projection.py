@@ -31,7 +31,7 @@ from tvm import s_tir, tirx
 
 from ..grouping.attention_chain import attention_row_block
 from ..target import AscendTarget, get_target
-from .attention import is_cheap, is_copy
+from .attention import is_cheap, is_copy, reduction_between_products
 from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
 from .chained_gemm import (
     ACCUMULATORS,
@@ -43,6 +43,8 @@ from .chained_gemm import (
     _name,
     _reduces_row,
     _vectorize_partial_sums,
+    float32_only,
+    lane_partials,
 )
 from .common import (
     extent,
@@ -71,8 +73,8 @@ class AttentionProjectionRule(ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         self.note = None
-        if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) != "float32" for p in func.params):
-            return None
+        if not float32_only(func) or not reduction_between_products(func):
+            return None          # e.g. a chained FFN's three products: declined before building a schedule
         sch = s_tir.Schedule(func)
         if self._plan(sch) is None:
             return None
@@ -179,21 +181,7 @@ class AttentionProjectionRule(ScheduleRule):
         # compute the attention stages of both)
         m = _largest_divisor(rows_dom[-3], min(check.tile_elems, max(1, rows // max(1, cores))))
 
-        # softmax reductions: lane-wide partial sums (rfactor at the root, before anything moves)
-        rf_names = set()
-        for n in order[at[qk] + 1:at[pv]]:
-            blk = try_(get, n)
-            if blk is None or not _has_reduce(sch, blk):
-                continue
-            loops = sch.get_loops(blk)
-            ext = extent(sch, loops[-1])
-            v = vector_width_for(ext, lanes)
-            if ext is None or v < 4 or ext < 2 * v:
-                continue
-            _, ki = sch.split(loops[-1], [None, v])
-            rf = try_(sch.rfactor, ki, len(sch.get(blk).iter_vars) - 1)
-            if rf is not None:
-                rf_names.add(_name(sch, rf))
+        rf_names = lane_partials(sch, order[at[qk] + 1:at[pv]], lanes)      # the softmax's max and sum
 
         # the projection's weight pre-packed in (head panel, column panel) order; its accumulator in L0C
         v2 = vector_width_for(n2, lanes)

@@ -94,8 +94,8 @@ class ChainedGemmRule(ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         self.note = None
-        if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) != "float32" for p in func.params):
-            return None              # fp32 only: the register blocks and the UB row budget assume 4 B
+        if not float32_only(func):
+            return None
         sch = s_tir.Schedule(func)
         plan = self._plan(sch)
         if plan is None:
@@ -302,20 +302,7 @@ class ChainedGemmRule(ScheduleRule):
             full_row = n != norm["out"] and not _has_reduce(sch, blk) and _is_full_row(sch, blk, get(norm["out"]))
             if full_row and not ok(sch.compute_inline, blk):
                 return None, None
-        rf_names = set()
-        for n in norm["stage"]:
-            blk = try_(get, n)
-            if blk is None or not _has_reduce(sch, blk):
-                continue
-            loops = sch.get_loops(blk)
-            ext = extent(sch, loops[-1])
-            v = vector_width_for(ext, lanes)
-            if ext is None or v < 4 or ext < 2 * v:
-                continue
-            _, ki = sch.split(loops[-1], [None, v])
-            rf = try_(sch.rfactor, ki, len(sch.get(blk).iter_vars) - 1)
-            if rf is not None:
-                rf_names.add(_name(sch, rf))
+        rf_names = lane_partials(sch, norm["stage"], lanes)
         blocks = [_name(sch, b) for b in root_blocks(sch)]
         stage = set(norm["stage"]) | rf_names
         return [n for n in blocks if n in stage], rf_names
@@ -374,6 +361,32 @@ class ChainedGemmRule(ScheduleRule):
             if init is not None:
                 innermost_vector(sch, init, v)
         return i0
+
+
+def lane_partials(sch, names, lanes: int) -> set:
+    """Each row reduction among the blocks ``names`` split into vector-wide partial sums (rfactor, at the root,
+    before anything moves: it needs the reduction to head its loop nest) plus a short final sum; returns the
+    names of the partial-sum blocks. Rows shorter than two vectors of at least 4 lanes stay scalar."""
+    out = set()
+    for n in names:
+        blk = try_(sch.get_sblock, n)
+        if blk is None or not _has_reduce(sch, blk):
+            continue
+        loops = sch.get_loops(blk)
+        ext = extent(sch, loops[-1])
+        v = vector_width_for(ext, lanes)
+        if ext is None or v < 4 or ext < 2 * v:
+            continue
+        _, ki = sch.split(loops[-1], [None, v])
+        rf = try_(sch.rfactor, ki, len(sch.get(blk).iter_vars) - 1)
+        if rf is not None:
+            out.add(_name(sch, rf))
+    return out
+
+
+def float32_only(func: tirx.PrimFunc) -> bool:
+    """Every buffer parameter is float32 (the register blocks and the UB row budgets assume 4 B)."""
+    return all(str(p.ty.dtype) == "float32" for p in func.params if isinstance(p.ty, tirx.BufferType))
 
 
 def _reduces_row(sch, block) -> bool:
