@@ -75,9 +75,6 @@ class AttentionProjectionRule(ScheduleRule):
         self.note = None
         if not float32_only(func) or not reduction_between_products(func):
             return None          # e.g. a chained FFN's three products: declined before building a schedule
-        sch = s_tir.Schedule(func)
-        if self._plan(sch) is None:
-            return None
         # index arithmetic of the reshapes simplified over the block domains (``(k // 1024 + i) % 256`` -> ``i``):
         # else compute-at sees every head read all query rows and recomputes the whole attention per block
         sch = s_tir.Schedule(s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"])
