@@ -8,7 +8,7 @@ from .errors import AscendFuseError, ModelError, SwitchError, TargetError, UBCap
 from .target import PRESETS, AscendTarget, get_target, load_target_file, make_target
 from .switches import FusionSwitches, known_switches
 from .report import FusionReport
-from . import graph_fusion, patterns, grouping  # noqa: F401  (importing registers passes, patterns, switches)
+from . import graph_fusion, patterns, grouping  # noqa: F401  (importing registers the pattern table)
 from .pipeline import AscendFusePipeline, ascendfuse_pipeline
 from .api import compile_model
 

@@ -14,16 +14,13 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu
 from .analysis import groups_before_fuse_tir, kernel_table
 from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
 from .analysis.verify_ub import VerifyUBCapacity
-from .graph_fusion import GRAPH_FUSION_PASSES
+from .graph_fusion import GRAPH_FUSION_PASSES, MatMulSiblingMergeFusionPass
 from .graph_fusion.safe_fold import SafeFoldConstant
-from .grouping import COST_BASED_FUSION, CostBasedFusionPass, PatternFusionPass
-from .grouping.attention_chain import ATTENTION_PROJECTION
-from .grouping.chain import CHAINED_GEMM
-from .grouping.cost import GroupingConfig
+from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
 from .passbase import PyPass
 from .report import FusionReport
 from .schedule.apply import ScheduleKernels
-from .switches import resolve_switches
+from .switches import ATTENTION_PROJECTION, CHAINED_GEMM, COST_BASED_FUSION, resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
 
 
@@ -35,12 +32,20 @@ def traffic_baseline_phase(target, report, tvm_target):
 
 def graph_fusion_phase(target, switches, report):
     """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
+    options = {MatMulSiblingMergeFusionPass: {"query_apart": _query_apart(switches)}}
     passes = [relax.transform.DeadCodeElimination()]
-    passes += [cls(target, report, enabled=switches.is_on(cls.switch_name)) for cls in GRAPH_FUSION_PASSES]
-    for p in passes:
-        if hasattr(p, "configure"):
-            p.configure(switches)        # a rewrite that depends on another switch (see the pass)
+    passes += [cls(target, report, enabled=switches.is_on(cls.switch_name), **options.get(cls, {}))
+               for cls in GRAPH_FUSION_PASSES]
     return passes + [SafeFoldConstant(), relax.transform.DeadCodeElimination()]
+
+
+def _query_apart(switches) -> bool:
+    """Whether the sibling merge leaves an attention's query projection apart for the attention kernel.
+
+    Only when that kernel can take it: with chained GEMMs off, a pre-norm block's next norm stays with the
+    output projection (which then writes h and norm(h)), the attention kernel (one output) cannot take that
+    projection, and a query left apart would only cost one more launch and more GM traffic."""
+    return switches.is_on(ATTENTION_PROJECTION) and switches.is_on(CHAINED_GEMM)
 
 
 def ub_fusion_phase(target, switches, report, tvm_target):

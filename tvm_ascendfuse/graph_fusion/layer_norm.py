@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import LAYER_NORM as NAME
 from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, dims, make_const, op_name
 from ._norm import affine_param, keepdims_axes, trailing
-
-NAME = register_switch("LayerNormFusionPass", GRAPH_FUSION,
-                       "recognise mean/sub/pow/mean/add/sqrt/div(*gamma+beta) as layer_norm")
 
 
 class LayerNormFusionPass(GraphRewritePass):

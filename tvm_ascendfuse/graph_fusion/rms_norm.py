@@ -13,12 +13,9 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import RMS_NORM as NAME
 from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, dims, make_const, op_name
 from ._norm import affine_param, keepdims_axes, trailing
-
-NAME = register_switch("RMSNormFusionPass", GRAPH_FUSION,
-                       "recognise x * rsqrt(mean(x^2) + eps) * gamma as rms_norm")
 
 
 class RMSNormFusionPass(GraphRewritePass):

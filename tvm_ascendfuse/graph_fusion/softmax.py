@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import SOFTMAX as NAME
 from ._graph import GraphRewritePass, Refusal, Rewrite, dims, flatten_product, op_name
 from ._norm import keepdims_axes
-
-NAME = register_switch("SoftmaxFusionPass", GRAPH_FUSION, "recognise exp(x - max) / sum(exp(...)) as softmax")
 
 
 class SoftmaxFusionPass(GraphRewritePass):
