@@ -127,3 +127,18 @@ def test_gemm_bn_folds_after_transpose_fold():
     assert counts(result, "MatMulBiasAddFusionPass") == (1, 1)
     assert counts(result, "ConvBatchnormFusionPass") == (1, 1)
     assert [k["ops"] for k in result.report.kernels] == [["matmul", "add"]]
+
+
+@pytest.mark.parametrize("off,apart", [(None, True), ("ChainedGemmFusionPass", False),
+                                       ("AttentionProjectionFusionPass", False), ("CostBasedFusionPass", True)])
+def test_sibling_merge_query_apart_given_by_constructor(off, apart):
+    """The query projection is left apart only when the attention kernel can take it (both switches on)."""
+    from tvm_ascendfuse.pipeline import graph_fusion_phase
+    from tvm_ascendfuse.report import FusionReport
+    from tvm_ascendfuse.switches import resolve_switches
+    from tvm_ascendfuse.target import get_target
+
+    passes = graph_fusion_phase(get_target("ascend910b"), resolve_switches({off: "off"} if off else None),
+                                FusionReport())
+    [merge] = [p for p in passes if p.info.name == "MatMulSiblingMergeFusionPass"]
+    assert merge.query_apart is apart
