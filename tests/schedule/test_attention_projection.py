@@ -283,19 +283,3 @@ def test_chained_gemms_off_keeps_qkv_merged_and_every_kernel_scheduled():
     assert "fallback" not in result.report.sections["schedules"].values(), result.report.sections["schedules"]
     why = [r.get("why", "") for r in result.report.get("CostBasedFusionPass").not_effective]
     assert any("more than one output" in w for w in why), why
-
-
-
-def test_w7_row_block_budget():
-    """W7's attention (16 heads of 64, 256 keys) with its query (after an RMSNorm over 1024) and output
-    projections: per query row UB holds the three key-long rows the schedule stages (scores, exponentials,
-    probabilities) and two head rows (query, output); once, the input row being normalised (double-buffered)
-    and its normalised row. 32 rows per block, capped by L0C (32 accumulator rows of 4 KiB)."""
-    from tvm_ascendfuse.grouping.attention_chain import attention_row_block
-
-    npu = get_target("ascend910b")
-    check = attention_row_block(16, 64, 256, 1024, 256, npu, query_k=1024, query_norm=True)
-    assert check.fits and check.tile_elems == 32
-    assert check.needed_bytes == 32 * (3 * 256 + 2 * 64) * 4 + 3 * 1024 * 4
-    small_l0c = dataclasses.replace(npu, l0c_bytes=64 * 1024)
-    assert attention_row_block(16, 64, 256, 1024, 256, small_l0c).tile_elems == 16

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from ..analysis.traffic import ASSUMED_SYMBOLIC_DIM, KernelTraffic, count_primfunc, dtype_bytes, symbolic_bounds
+from ..analysis.traffic import ASSUMED_SYMBOLIC_DIM, KernelTraffic, count_primfunc, symbolic_bounds
+from ..ir import dtype_bytes
 from ..passbase import PyPass
 from ..report import CAP_HIT, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, CHECK_FAILED, FusionReport
 from ..switches import UB_FUSION, register_switch
 from ..target import AscendTarget, current_target_from_tvm, get_target
-from .capacity import TileBuffer, l0_check, ub_check
+from ..tiling import TileBuffer, l0_check, ub_check
 from .attention_chain import AttentionChain, find_attention_chain
 from .chain import Chain, find_chain, reachable, reduces_last_axis, row_operand_positions
 from .cost import GroupCost, GroupingConfig, accept, pad_ratio, tiles_for

@@ -29,8 +29,8 @@ import math
 import tvm
 from tvm import s_tir, tirx
 
-from ..grouping.attention_chain import attention_row_block
 from ..target import AscendTarget, get_target
+from ..tiling import attention_row_block
 from .attention import is_cheap, is_copy, reduction_between_products
 from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
 from .chained_gemm import (

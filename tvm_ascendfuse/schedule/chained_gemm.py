@@ -34,9 +34,9 @@ import math
 
 from tvm import s_tir, tirx
 
-from ..grouping.chain import PANEL_COLS as PANEL
-from ..grouping.chain import chain_row_block, staged_rows_bytes
 from ..target import AscendTarget, get_target
+from ..tiling import PANEL_COLS as PANEL
+from ..tiling import chain_row_block, staged_rows_bytes
 from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
 from .common import (
     extent,
