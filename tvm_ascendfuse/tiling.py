@@ -150,9 +150,9 @@ def attention_row_block(heads: int, head_dim: int, keys: int, n2: int, rows: int
 
     Per row of the block, for the head being computed: UB holds its score, exponential and probability rows
     (``keys`` each: the schedule stages all three) and its output row (``head_dim``, the projection's panel),
-    plus the projected row when a row norm follows; L1 holds the block's Q and P rows for the cube and, once per head, the head's K and V panels
-    (``keys x head_dim`` each, double-buffered so the next head's load overlaps); L0C holds the projection's
-    accumulator rows (``n2``) across all heads. With the query projection inside (``query_k``: the input row
+    plus the projected row when a row norm follows; L1 holds the block's Q and P rows for the cube and, once
+    per head, the head's K and V panels (``keys x head_dim`` each, double-buffered so the next head's load
+    overlaps); L0C holds the projection's accumulator rows (``n2``) across all heads. With the query projection inside (``query_k``: the input row
     it reads), the block's input rows are staged in L1 for it (normalised first when a row norm precedes it:
     one input row at a time in UB, double-buffered, and its normalised row) and the head's query rows are
     one more ``head_dim`` row in UB."""

@@ -12,8 +12,9 @@ from tvm.relax import op
 from tests.helpers import tol
 from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel, schedule_gemms
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
-from tvm_ascendfuse.schedule.matmul import MatmulRule, choose_tiles, find_gemm
+from tvm_ascendfuse.schedule.analysis import find_gemm
 from tvm_ascendfuse.schedule.hostvec import HostVector, host_vector
+from tvm_ascendfuse.schedule.matmul import MatmulRule, choose_tiles
 from tvm_ascendfuse.target import get_target
 
 

@@ -13,6 +13,7 @@ from ..analysis.ub_usage import kernel_usage, normalize_scope_aliases
 from ..passbase import PyPass
 from ..report import FusionReport
 from ..target import AscendTarget, get_target
+from .analysis import reduction_kinds
 from .attention import AttentionRule
 from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
@@ -25,7 +26,7 @@ from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
-from .reduction import GemmNormRule, ReductionRule, reduction_kinds
+from .reduction import GemmNormRule, ReductionRule
 from .tuned import TunedRecordRule, open_database, records_dir
 
 # Most specific first. Attention (two products around a softmax) and several independent products
@@ -41,7 +42,7 @@ def default_rules(target: AscendTarget) -> list:
 
 
 def product_blocks(func: tirx.PrimFunc) -> int:
-    """GEMM-like blocks (``reduction.is_product_block``) of a kernel, counted without building a schedule:
+    """GEMM-like blocks (``analysis.is_product_block``) of a kernel, counted without building a schedule:
     a rule with ``min_products`` above the count is not tried (each rule's own analysis builds a schedule
     first, tens of ms per rule and kernel)."""
     return reduction_kinds(func).count("P")

@@ -13,34 +13,16 @@ from __future__ import annotations
 import math
 import re
 
-import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
+from .analysis import is_cheap, is_contraction, is_copy, leading_spatial, reduction_between_products
 from .base import UB_SCOPE, ScheduleRule
-from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
-                     num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
+from .common import (block_infos, blocks_under, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
+                     num_cores, ok, root_blocks, still_exists, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction
-from .reduction import ReductionRule, _leading_s, is_contraction, reduction_kinds
-
-
-def is_cheap(sch, block) -> bool:
-    """A stage worth recomputing in each consumer: plain arithmetic, no calls or let-bound polynomials."""
-    found = []
-    tvm_ffi.structural_walk(sch.get(block).body,
-                            ((tvm.ir.expr.Call, tirx.Let), lambda e: found.append(e)))
-    return not found
-
-
-def is_copy(sch, block) -> bool:
-    """A pure layout stage (transpose / reshape / slice): its value is one load of another buffer."""
-    body = sch.get(block).body
-    value = body.value if isinstance(body, tirx.BufferStore) else None
-    while isinstance(value, tirx.Cast):
-        value = value.value
-    return isinstance(value, tvm.ir.expr.TensorLoad)
+from .partial_sums import vectorize_rf
 
 
 class AttentionRule(ScheduleRule):
@@ -75,8 +57,8 @@ class AttentionRule(ScheduleRule):
         if not any(b.is_reduction() for b in between):
             return None                       # no softmax between the two products: not attention
         c1, c2 = infos[i1], infos[i2]
-        n_s2 = _leading_s(c2.dom_kind())
-        n_s1 = _leading_s(c1.dom_kind())
+        n_s2 = leading_spatial(c2.dom_kind())
+        n_s1 = leading_spatial(c1.dom_kind())
         if n_s2 < 2 or n_s1 != n_s2:
             return None
         nb = n_s2 - 2                         # batch (and head) axes
@@ -152,7 +134,7 @@ class AttentionRule(ScheduleRule):
         # Softmax reductions: lane-wide partials (rfactor before compute_at).
         rf_blocks = []
         for info in between:
-            if not info.is_reduction() or _gone(sch, info.block_rv):
+            if not info.is_reduction() or not still_exists(sch, info.block_rv):
                 continue
             blk = info.block_rv
             ok(sch.set_scope, blk, 0, UB_SCOPE)
@@ -192,11 +174,11 @@ class AttentionRule(ScheduleRule):
         if cores > 1:
             ok(sch.parallel, tile)
 
-        for blk in ReductionRule._blocks_under(sch, tile):
+        for blk in blocks_under(sch, tile):
             stmt = sch.get(blk)
             name = stmt.name_hint
             if name in rf_blocks:
-                ReductionRule._vectorize_rf(sch, blk)
+                vectorize_rf(sch, blk)
             elif any(iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.iter_vars):
                 if is_contraction(sch, blk):
                     schedule_contraction(sch, blk, lanes)
@@ -208,22 +190,6 @@ class AttentionRule(ScheduleRule):
             else:
                 innermost_vector(sch, blk, lanes)
         return sch
-
-
-def reduction_between_products(func: tirx.PrimFunc) -> bool:
-    """Whether some non-product reduction block (the softmax) lies between two product blocks, in program
-    order; a cheap necessary condition for the rule, read off the unscheduled function."""
-    order = reduction_kinds(func)
-    first, last = order.find("P"), order.rfind("P")
-    return first >= 0 and "R" in order[first:last]
-
-
-def _gone(sch, block) -> bool:
-    try:
-        sch.get(block)
-        return False
-    except Exception:  # noqa: BLE001 - inlined blocks no longer resolve
-        return True
 
 
 def _row_indexed(sch, product, block) -> bool:

@@ -13,13 +13,12 @@ Each step is optional; a step TVM refuses is skipped, so the rule always returns
 
 from __future__ import annotations
 
-import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
+from .analysis import uses_var
 from .base import ScheduleRule
-from .common import innermost_vector, num_cores, ok, root_blocks, vector_lanes, buffer_bytes
+from .common import buffer_bytes, innermost_vector, num_cores, ok, root_blocks, vector_lanes
 
 
 def _is_spatial_block(sch, block) -> bool:
@@ -42,12 +41,6 @@ def _loop_kinds(sch, block, loops) -> list | None:
     return kinds
 
 
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tvm.ir.Var, lambda v: found.append(v) if v.same_as(var) else None))
-    return bool(found)
-
-
 def _walks_last_axes(stmt, var) -> bool:
     """Does ``var`` index only the last axis of what the block writes and reads (or not index a read at
     all)? Then a vector loop over it loads and stores contiguously; otherwise (a row reduction's row) it
@@ -59,11 +52,11 @@ def _walks_last_axes(stmt, var) -> bool:
             continue
         last_plain = dims[-1].min.same_as(var) and int(dims[-1].extent) == 1 \
             if isinstance(dims[-1].extent, tirx.IntImm) else False
-        if any(_uses(r.min, var) or _uses(r.extent, var) for r in dims[:-1]):
+        if any(uses_var(r.min, var) or uses_var(r.extent, var) for r in dims[:-1]):
             return False
         if i < len(stmt.writes) and not last_plain:
             return False
-        if not last_plain and _uses(dims[-1].min, var):
+        if not last_plain and uses_var(dims[-1].min, var):
             return False
     return True
 

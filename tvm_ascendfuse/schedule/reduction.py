@@ -12,21 +12,18 @@ from __future__ import annotations
 import math
 import re
 
-import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
+from .analysis import is_contraction, leading_spatial
 from .base import UB_SCOPE, ScheduleRule
+from .common import (block_infos, blocks_under, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
+                     num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction, schedule_gemm_root
-from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, num_cores, root_blocks,
-                     loops_through, ok, try_, vector_lanes, vector_width_for)
+from .injective import tile_injective
+from .partial_sums import vectorize_rf
 
 MIN_PARALLEL_ELEMENTS = 16384
-
-
-def _leading_s(kind: str) -> int:
-    return len(kind) - len(kind.lstrip("S"))
 
 
 def _region_vars(region, iter_vars) -> list:
@@ -39,42 +36,6 @@ def _region_vars(region, iter_vars) -> list:
                 hit = iv.var
         out.append(hit)
     return out
-
-
-def is_product_block(stmt) -> bool:
-    """A GEMM-like reduction block: two operands indexed by the reduction var, each carrying a spatial var the
-    other lacks (A[i, k] * B[k, j]). Those belong to the matmul/attention rules, not to row reductions."""
-    rvars = {iv.var.name for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-    if not rvars:
-        return False
-    svars = {iv.var.name for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
-    used = []
-    for region in stmt.reads:
-        names = set()
-        for r in region.region:
-            names |= {v.name for v in collect_vars_used_in_prim_expr(r.min)}
-        if names & rvars:
-            used.append(names & svars)
-    return any(a - b and b - a for a in used for b in used)
-
-
-def reduction_kinds(func: tirx.PrimFunc) -> str:
-    """The kernel's reduction blocks in program order, read off the function without building a schedule:
-    ``P`` a product block (``is_product_block``), ``R`` any other reduction. The rules' cheap pre-checks
-    (how many products, what follows the last one, a softmax between two) are string tests on it."""
-    kinds = []
-
-    def visit(block):
-        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
-            kinds.append("P" if is_product_block(block) else "R")
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
-    return "".join(kinds)
-
-
-def is_contraction(sch: s_tir.Schedule, block) -> bool:
-    """``is_product_block`` for a block of a schedule."""
-    return is_product_block(sch.get(block))
 
 
 class ReductionRule(ScheduleRule):
@@ -106,7 +67,7 @@ class ReductionRule(ScheduleRule):
         kinds = [b.dom_kind() for b in infos]
         if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
             return False
-        nrow = min(_leading_s(k) for k in kinds)
+        nrow = min(leading_spatial(k) for k in kinds)
         last = infos[-1]
         out_dtype_bits = buffer_bytes(sch.get(last.block_rv).writes[0].source) * 8
         lanes = vector_lanes(host, out_dtype_bits)
@@ -114,7 +75,7 @@ class ReductionRule(ScheduleRule):
         # Row geometry of the last block.
         dom = last.dom()
         row_elems = math.prod(d if isinstance(d, int) else 1 << 16 for d in dom[nrow:]) if len(dom) > nrow else 1
-        red_elems = max((math.prod(d if isinstance(d, int) else 1 << 16 for d in b.dom()[_leading_s(b.dom_kind()):])
+        red_elems = max((math.prod(d if isinstance(d, int) else 1 << 16 for d in b.dom()[leading_spatial(b.dom_kind()):])
                          for b in infos if b.is_reduction()), default=1)
         row_elems = max(row_elems, red_elems)
 
@@ -186,53 +147,15 @@ class ReductionRule(ScheduleRule):
 
         # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
         rf_names = {sch.get(b).name_hint for b in rf_blocks}
-        for blk in self._blocks_under(sch, row):
+        for blk in blocks_under(sch, row):
             name = sch.get(blk).name_hint
             if name in rf_names:
-                self._vectorize_rf(sch, blk)
+                vectorize_rf(sch, blk)
             elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
                 innermost_vector(sch, blk, lanes)
             elif is_contraction(sch, blk):
                 schedule_contraction(sch, blk, lanes)
         return True
-
-    @staticmethod
-    def _blocks_under(sch, loop):
-        found = []
-
-        def visit(stmt):
-            if isinstance(stmt, s_tir.SBlockRealize):
-                found.append(stmt.block.name_hint)
-
-        tvm_ffi.structural_walk(sch.get(loop), (s_tir.SBlockRealize, visit), order="pre")
-        return [sch.get_sblock(n) for n in found]
-
-    @staticmethod
-    def _vectorize_rf(sch, rf):
-        """rf block: lane axis innermost and vectorised, init split off (decompose_reduction last)."""
-        realize = _get_realize(sch, rf)
-        loops = sch.get_loops(rf)
-        by_var = {sch.get(l).loop_var.name: l for l in loops}
-        lane = red = None
-        for iv, val in zip(realize.block.iter_vars, realize.iter_values):
-            if not isinstance(val, tirx.Var) or val.name not in by_var:
-                continue
-            if iv.iter_type == tirx.IterVar.CommReduce and red is None:
-                red = by_var[val.name]
-            elif iv.iter_type == tirx.IterVar.DataPar and lane is None:
-                lane = by_var[val.name]
-        if lane is None or red is None:
-            return
-        ok(sch.reorder, red, lane)
-        if not ok(sch.vectorize, lane):
-            return
-        init = try_(sch.decompose_reduction, rf, red)
-        if init is not None:
-            ok(sch.vectorize, sch.get_loops(init)[-1])
-
-
-_get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
-
 
 class GemmNormRule(ScheduleRule):
     """One GEMM (+ injective epilogue: bias, residual) whose output feeds row reductions: matmul + bias +
@@ -297,8 +220,6 @@ class GemmNormRule(ScheduleRule):
         return sch
 
     def _split_stages(self, sch, infos, gi, first_red, last_out, target, host):
-        from .elementwise import tile_injective
-
         gemm = infos[gi]
         chain = infos[gi + 1:first_red]
         for b in infos[:gi] + chain[:last_out]:
