@@ -6,8 +6,6 @@ thread count come from the llvm host target, because on this host UB tiling is c
 
 from __future__ import annotations
 
-import math
-
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -117,18 +115,6 @@ def vector_width_for(ext: int | None, lanes: int) -> int:
 
 def buffer_bytes(buf) -> int:
     return dtype_bytes(buf.dtype)
-
-
-def tile_elements(target: AscendTarget, bytes_per_element: int, align_elems: int = 1) -> int:
-    """Elements per tile so that the tile's working set (``bytes_per_element`` summed over the buffers it
-    touches, doubled when double-buffered, each buffer padded to the UB alignment) fits usable UB."""
-    copies = 2 if target.double_buffer else 1
-    budget = target.ub_usable // copies
-    n = budget // max(1, bytes_per_element)
-    # leave room for rounding every buffer up to the alignment
-    n -= math.ceil(target.ub_align / max(1, bytes_per_element)) * 4
-    step = max(1, align_elems)
-    return max(step, (n // step) * step)
 
 
 def block_infos(sch: s_tir.Schedule):

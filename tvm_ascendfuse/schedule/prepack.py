@@ -26,6 +26,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
+from ..ir import is_call_tir
 from ..passbase import PyPass
 from .layout import PREPROC_ANNOTATION
 
@@ -330,7 +331,7 @@ class _FoldCopies(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CALL_TIR)):
+        if not is_call_tir(call):
             return call
         callee, args = call.args[0], call.args[1]
         if len(call.args) > 2 or not isinstance(args, relax.Tuple) \
@@ -352,9 +353,6 @@ class _FoldCopies(relax.PyExprMutator):
             self.cache[key] = relax.Tuple(consts) if isinstance(call.ty, relax.TupleType) else consts[0]
         self.folded += 1
         return self.cache[key]
-
-
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def _to_tensor(value: np.ndarray):

@@ -26,18 +26,6 @@ from .partial_sums import vectorize_rf
 MIN_PARALLEL_ELEMENTS = 16384
 
 
-def _region_vars(region, iter_vars) -> list:
-    """Which of the block's iter vars each index of a buffer region is (None when not a bare var)."""
-    out = []
-    for r in region.region:
-        hit = None
-        for iv in iter_vars:
-            if r.min.same_as(iv.var):
-                hit = iv.var
-        out.append(hit)
-    return out
-
-
 class ReductionRule(ScheduleRule):
     """Blocks with shared leading spatial (row) axes, at least one reducing the trailing axes."""
 
@@ -59,11 +47,10 @@ class ReductionRule(ScheduleRule):
             return None
         return sch if self.schedule_rows(sch, infos, target, host) else None
 
-    def schedule_rows(self, sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(), rows_per_step=1,
-                      extra_row_bytes=0, tails=()) -> bool:
+    def schedule_rows(self, sch: s_tir.Schedule, infos, target: AscendTarget, host, also=()) -> bool:
         """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
-        alone) one row at a time. ``also``: names of producer blocks to compute per step too (a GEMM in
-        front of a norm), ``rows_per_step`` rows at a time. False when the stage does not have that shape."""
+        alone) one row at a time. ``also``: names of producer blocks to compute per row too (the row being
+        normalised after a GEMM). False when the stage does not have that shape."""
         kinds = [b.dom_kind() for b in infos]
         if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
             return False
@@ -95,8 +82,7 @@ class ReductionRule(ScheduleRule):
         stmt = sch.get(last.block_rv)
         n_row_buffers = len(staged) + len(stmt.writes) + len(
             [r for r in stmt.reads if len(r.region) > nrow])
-        row_bytes = (row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) + extra_row_bytes) * \
-            (2 if target.double_buffer else 1) * rows_per_step
+        row_bytes = row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) * (2 if target.double_buffer else 1)
         stage_rows = row_bytes <= target.ub_usable
         if not stage_rows:
             self.note = (f"one row needs {row_bytes} B of UB > {target.ub_usable} B usable: row tensors stream "
@@ -134,14 +120,9 @@ class ReductionRule(ScheduleRule):
         row_loops = loops_through(sch, last_blk, last, nrow)
         row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
         cores = num_cores(host)
-        if rows_per_step > 1:
-            row, _ = sch.split(row, [None, rows_per_step])
         for blk in reversed(blocks[:-1]):
             sch.compute_at(blk, row, preserve_unit_loops=True)
-        for name in tails:                    # extra outputs copied out of UB per step
-            sch.reverse_compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
         total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
-        total *= max(1, extra_row_bytes // 4)          # a GEMM in front: K multiply-adds per element
         if cores > 1 and total >= MIN_PARALLEL_ELEMENTS:
             try_(sch.parallel, row)
 
@@ -159,9 +140,9 @@ class ReductionRule(ScheduleRule):
 
 class GemmNormRule(ScheduleRule):
     """One GEMM (+ injective epilogue: bias, residual) whose output feeds row reductions: matmul + bias +
-    residual + LayerNorm/RMSNorm in one kernel. A block of rows is computed per step: the GEMM rows
-    (register-blocked micro-tiles, accumulating in UB), the residual sum staged in UB, then the norm of
-    those rows, so the GEMM result never goes back to GM."""
+    residual + LayerNorm/RMSNorm in one kernel. The GEMM runs as its own register-blocked stage over all rows
+    (``contraction.schedule_gemm_root``), then the norm one row at a time with the row being normalised in
+    UB; a residual sum that is also an output is a stage of its own between them."""
 
     name = "matmul+norm"
     min_products = 1
@@ -182,7 +163,6 @@ class GemmNormRule(ScheduleRule):
         first_red = next((i for i in range(gi + 1, len(infos)) if infos[i].is_reduction()), None)
         if first_red is None or any(b.is_reduction() for b in infos[:gi]):
             return None
-        gemm = infos[gi]
         if any(not b.is_injective() for b in infos[gi + 1:first_red]):
             return None
         # bias/residual chain: all but its last block inlined; the last (the normalised tensor) is staged
@@ -193,31 +173,6 @@ class GemmNormRule(ScheduleRule):
         # A residual sum that is also an output must be a stage of its own too (TIR cannot compute an output
         # block per row step between its producer and consumers).
         return self._split_stages(sch, infos, gi, first_red, outs[-1] if outs else -1, target, host)
-        also, tails = [gemm.name], []
-        for pos, b in enumerate(chain):
-            if pos == len(chain) - 1 or not ok(sch.compute_inline, b.block_rv):
-                ok(sch.set_scope, b.block_rv, 0, UB_SCOPE)
-                also.append(b.name)
-        for b in infos[:gi]:                  # head-merge transpose/reshape in front of the GEMM
-            if is_output_block(sch, b.block_rv) or not ok(sch.compute_inline, b.block_rv):
-                also.append(b.name)
-        ok(sch.set_scope, gemm.block_rv, 0, UB_SCOPE)
-        dom = gemm.dom()
-        k_ext = dom[-1] if isinstance(dom[-1], int) else 1024
-        n_ext = dom[-2] if isinstance(dom[-2], int) else 1024
-        m_ext = dom[-3] if len(dom) >= 3 and isinstance(dom[-3], int) else None
-        cores = num_cores(host)
-        per_row = (2 * n_ext + k_ext) * 4 * (2 if target.double_buffer else 1)
-        rb = max(1, min(32, target.ub_usable // max(1, per_row)))
-        if m_ext is not None:
-            rb = min(rb, max(1, m_ext // (2 * cores)))
-        rb = 1 << (rb.bit_length() - 1)
-        rows = ReductionRule()
-        if not rows.schedule_rows(sch, infos[first_red:], target, host, also=also, rows_per_step=rb,
-                                  extra_row_bytes=k_ext * 4, tails=tails):
-            return None
-        self.note = rows.note
-        return sch
 
     def _split_stages(self, sch, infos, gi, first_red, last_out, target, host):
         gemm = infos[gi]
