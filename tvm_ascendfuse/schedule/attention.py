@@ -31,11 +31,7 @@ class AttentionRule(ScheduleRule):
     name = "attention"
     min_products = 2
 
-    def __init__(self):
-        self.note = None
-
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        self.note = None
         if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) == "bfloat16" for p in func.params):
             # bf16 is stored as uint16 on the host; this rule's vectorized stores then fail TVM's BF16
             # legalization ("dtype mismatch on BufferStore ... T.bfloat16x8"). Another rule takes it.
@@ -121,9 +117,7 @@ class AttentionRule(ScheduleRule):
                and head_bytes + copies * rb * 2 * row_bytes <= target.ub_usable):
             rb *= 2
         if head_bytes + copies * rb * row_bytes > target.ub_usable:
-            self.note = (f"one score row block needs {head_bytes + copies * row_bytes} B of UB > "
-                         f"{target.ub_usable} B usable")
-            return None
+            return None                       # one block of score rows does not fit UB
         cores = num_cores(host)
         while rb > 4 and isinstance(sq, int) and batch * math.ceil(sq / rb) < 2 * cores:
             rb //= 2

@@ -34,7 +34,7 @@ from ..target import AscendTarget, get_target
 from ..tiling import attention_row_block
 from .analysis import (block_name, closure, float32_only, has_reduce, is_cheap, is_contraction, is_copy,
                        match_norm_prologue, reduces_row, reduction_between_products)
-from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
+from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule, Scheduled
 from .common import (
     extent,
     innermost_vector,
@@ -59,11 +59,7 @@ class AttentionProjectionRule(ScheduleRule):
     name = "attention-projection"
     min_products = 3
 
-    def __init__(self):
-        self.note = None
-
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
-        self.note = None
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         if not float32_only(func) or not reduction_between_products(func):
             return None          # e.g. a chained FFN's three products: declined before building a schedule
         # index arithmetic of the reshapes simplified over the block domains (``(k // 1024 + i) % 256`` -> ``i``):
@@ -162,8 +158,7 @@ class AttentionProjectionRule(ScheduleRule):
         check = attention_row_block(heads, d, keys, n2, rows, target, 4, norm_after=norm_after,
                                     query_k=query_k or 0, query_norm=norm["out"] is not None)
         if not check.fits:
-            self.note = f"one query row needs {check.needed_bytes} B of {check.scope} > {check.available_bytes} B"
-            return None
+            return None             # one query row does not fit (the grouping pass refuses such a group)
         cores = num_cores(host)
         # a divisor of one sequence's query rows, so that no row block straddles two batch entries (it would
         # compute the attention stages of both)
@@ -240,12 +235,12 @@ class AttentionProjectionRule(ScheduleRule):
                 self._transpose_rows(sch, blk)
             else:
                 innermost_vector(sch, blk, lanes)
-        self.note = (f"query rows per block {m}, {heads} heads of {d} as the projection's panels, "
+        note = (f"query rows per block {m}, {heads} heads of {d} as the projection's panels, "
                      f"projection tile {mr2}x{nvec2 * v2}, accumulator rows in L0C")
-        sch.annotate(get(proj), "ascendfuse.schedule", self.note)
+        sch.annotate(get(proj), "ascendfuse.schedule", note)
         init = sch.decompose_reduction(get(proj), head)
         innermost_vector(sch, init, lanes)
-        return sch
+        return Scheduled(sch, note)
 
     @staticmethod
     def _transpose_rows(sch, blk):

@@ -38,7 +38,7 @@ from ..target import AscendTarget, get_target
 from ..tiling import PANEL_COLS as PANEL
 from ..tiling import accumulator_in_l0c, chain_row_block, staged_rows_bytes
 from .analysis import block_name, closure, float32_only, has_reduce, is_contraction, match_norm_prologue
-from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
+from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule, Scheduled
 from .common import (
     extent,
     innermost_vector,
@@ -63,11 +63,7 @@ class ChainedGemmRule(ScheduleRule):
     name = "chained-matmul"
     min_products = 2
 
-    def __init__(self):
-        self.note = None
-
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
-        self.note = None
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         if not float32_only(func):
             return None
         sch = s_tir.Schedule(func)
@@ -150,8 +146,7 @@ class ChainedGemmRule(ScheduleRule):
         check = chain_row_block(n1, n2, panel, len(first), rows, target, 4,
                                 staged_row=k1 if norm["out"] else 0, norm_after=norm_after)
         if not check.fits:
-            self.note = f"one row needs {check.needed_bytes} B of UB > {check.available_bytes} B"
-            return None
+            return None             # one row does not fit UB (the grouping pass refuses such a chain)
         cores = num_cores(host)
         m = largest_divisor(rows, min(check.tile_elems, max(1, rows // max(1, cores))))
         # the accumulator rows in L0C (the cube accumulates there across the panels) when they fit, else UB
@@ -231,9 +226,9 @@ class ChainedGemmRule(ScheduleRule):
                 try_(sch.set_scope, blk, 0, UB_SCOPE)
             if not has_reduce(sch, blk):
                 innermost_vector(sch, blk, lanes)
-        self.note = f"row block {m} rows, intermediate panel {panel}, tiles {mr1}x{nvec1 * v1} / {mr2}x{nvec2 * v2}"
+        note = f"row block {m} rows, intermediate panel {panel}, tiles {mr1}x{nvec1 * v1} / {mr2}x{nvec2 * v2}"
         if norm["out"]:
-            self.note += (f", norm prologue: normalised input rows staged in L1 "
-                          f"({staged_rows_bytes(m, k1, target)} B of {target.capacity(L1_SCOPE)} B)")
-        sch.annotate(second, "ascendfuse.schedule", self.note)
-        return sch
+            note += (f", norm prologue: normalised input rows staged in L1 "
+                     f"({staged_rows_bytes(m, k1, target)} B of {target.capacity(L1_SCOPE)} B)")
+        sch.annotate(second, "ascendfuse.schedule", note)
+        return Scheduled(sch, note)

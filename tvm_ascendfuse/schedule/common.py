@@ -135,10 +135,11 @@ def is_output_block(sch: s_tir.Schedule, block) -> bool:
 
 def try_(step, *args, **kwargs):
     """Run one optional schedule primitive; a ScheduleError (legality check) means 'skip this step'.
-    Primitives check legality before they change the IR, so the schedule stays valid."""
+    Primitives check legality before they change the IR, so the schedule stays valid. Any other error is a
+    bug and propagates."""
     try:
         return step(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - any refusal of an optional step
+    except s_tir.ScheduleError:
         return None
 
 
@@ -160,7 +161,7 @@ def ok(step, *args, **kwargs) -> bool:
     try:
         step(*args, **kwargs)
         return True
-    except Exception:  # noqa: BLE001 - any refusal of an optional step
+    except s_tir.ScheduleError:
         return False
 
 
@@ -219,7 +220,7 @@ def still_exists(sch: s_tir.Schedule, block) -> bool:
     try:
         sch.get(block)
         return True
-    except Exception:  # noqa: BLE001 - inlined
+    except ValueError:      # "The block no longer exists in the IRModule"
         return False
 
 

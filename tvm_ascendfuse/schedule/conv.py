@@ -38,15 +38,12 @@ class Conv2dRule(ScheduleRule):
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
-        try:
-            blocks = list(root_blocks(sch))
-            reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
-            if len(reductions) != 1:
-                return None
-            ci = reductions[0]
-            info = match_conv2d(sch, blocks[ci])
-            if info is None:
-                return None
-            return schedule_conv2d(sch, blocks, ci, info, target, host_vector(host), self.options)
-        except Exception:  # noqa: BLE001 - a refused primitive: decline, the fallback schedules it
+        blocks = list(root_blocks(sch))
+        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
+        if len(reductions) != 1:
             return None
+        ci = reductions[0]
+        info = match_conv2d(sch, blocks[ci])
+        if info is None:
+            return None
+        return schedule_conv2d(sch, blocks, ci, info, target, host_vector(host), self.options)

@@ -95,17 +95,15 @@ class FallbackRule(ScheduleRule):
     name = "fallback"
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        try:
-            sch = s_tir.Schedule(func)
-            blocks = root_blocks(sch)
-        except Exception:  # noqa: BLE001 - not schedulable TIR: leave it to TVM's lowering
-            return None
+        sch = s_tir.Schedule(func)
+        if not isinstance(sch.mod["main"].body, s_tir.SBlockRealize):
+            return None         # no root block (hand-written loops): nothing to schedule, TVM lowers it as is
         cores = num_cores(host)
-        for block in blocks:
+        for block in root_blocks(sch):
             try:
                 self._block(sch, block, cores, host)
-            except Exception:  # noqa: BLE001 - a refused step leaves the block as far as it got
-                continue
+            except s_tir.ScheduleError:
+                continue        # a refused step leaves the block as far as it got
         return sch
 
     def _block(self, sch, block, cores: int, host) -> None:

@@ -23,7 +23,6 @@ and FoldConstant evaluates it.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import tvm
@@ -39,10 +38,6 @@ from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
 from .partial_sums import vector_partial_sums
-
-
-_LOG = logging.getLogger(__name__)
-_ERRORS = (Exception,)  # any refusal of a primitive: the rule declines, the fallback schedules it
 
 
 @dataclass(frozen=True)
@@ -155,20 +150,13 @@ class MatmulRule(ScheduleRule):
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
-        try:
-            found = find_gemm(sch)
-        except _ERRORS:
-            return None
+        found = find_gemm(sch)
         if found is None:
             return None
         blocks, gi, info = found
         if any(has_reduce(sch, b) for b in blocks[gi + 1:]):
             return None                                  # softmax/reduction after the GEMM: attention etc.
-        try:
-            return self._schedule(sch, blocks, gi, info, target, host_vector(host))
-        except _ERRORS:
-            _LOG.debug("MatmulRule declined %s", sch.mod["main"].attrs, exc_info=True)
-            return None
+        return self._schedule(sch, blocks, gi, info, target, host_vector(host))
 
     # ------------------------------------------------------------------------------------------------
     def _schedule(self, sch, blocks, gi, info: GemmBlock, target, hv: HostVector):
@@ -307,11 +295,9 @@ def _a_producer_to_stage(sch, pro, info: GemmBlock):
     probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
     try:
         schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), sch.get(info.block).name_hint)
-        if find_gemm(probe) is not None:
-            return None
-    except _ERRORS:
-        pass
-    return a_blk
+    except s_tir.ScheduleError:
+        return a_blk            # the prologue does not even schedule on its own: stage A's producer
+    return None if find_gemm(probe) is not None else a_blk
 
 
 def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarget) -> int:

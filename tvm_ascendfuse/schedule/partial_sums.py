@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from tvm import tirx
+from tvm import s_tir, tirx
 
 from .analysis import block_name, has_reduce
 from .common import extent, get_realize, ok, root_blocks, try_, vector_width_for
@@ -52,7 +52,7 @@ def vector_partial_sums(sch, block, lanes: int):
     try:
         _, ki = sch.split(loops[-1], [None, lanes])
         return sch.rfactor(ki, len(sch.get(block).iter_vars) - 1)
-    except Exception:  # noqa: BLE001 - not an rfactor-able reduction: keep it scalar
+    except s_tir.ScheduleError:     # not an rfactor-able reduction: keep it scalar
         return None
 
 

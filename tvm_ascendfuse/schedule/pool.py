@@ -79,21 +79,18 @@ class PoolRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        try:
-            sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-            blocks = list(root_blocks(sch))
-            reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
-            if not reductions or len(reductions) > 2:
-                return None
-            pi = reductions[-1]
-            pool = match_pool(sch, blocks[pi])
-            if pool is None:
-                return None
-            if len(reductions) == 2 and match_conv2d(sch, blocks[reductions[0]]) is None:
-                return None
-            return self._schedule(sch, blocks, reductions, pool, target, host)
-        except Exception:  # noqa: BLE001 - a refused primitive: decline, the next rule schedules it
+        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        blocks = list(root_blocks(sch))
+        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
+        if not reductions or len(reductions) > 2:
             return None
+        pi = reductions[-1]
+        pool = match_pool(sch, blocks[pi])
+        if pool is None:
+            return None
+        if len(reductions) == 2 and match_conv2d(sch, blocks[reductions[0]]) is None:
+            return None
+        return self._schedule(sch, blocks, reductions, pool, target, host)
 
     def _schedule(self, sch, blocks, reductions, pool: PoolBlock, target, host):
         pi = reductions[-1]

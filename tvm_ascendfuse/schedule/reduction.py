@@ -16,7 +16,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .analysis import is_contraction, leading_spatial
-from .base import UB_SCOPE, ScheduleRule
+from .base import UB_SCOPE, ScheduleRule, Scheduled
 from .common import (block_infos, blocks_under, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
                      num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction, schedule_gemm_root
@@ -31,11 +31,7 @@ class ReductionRule(ScheduleRule):
 
     name = "reduction"
 
-    def __init__(self):
-        self.note = None
-
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        self.note = None
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
         if not infos or not any(b.is_reduction() for b in infos):
@@ -45,98 +41,9 @@ class ReductionRule(ScheduleRule):
             return None
         if any(b.is_reduction() and is_contraction(sch, b.block_rv) for b in infos):
             return None
-        return sch if self.schedule_rows(sch, infos, target, host) else None
+        done, note = schedule_rows(sch, infos, target, host)
+        return Scheduled(sch, note) if done else None
 
-    def schedule_rows(self, sch: s_tir.Schedule, infos, target: AscendTarget, host, also=()) -> bool:
-        """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
-        alone) one row at a time. ``also``: names of producer blocks to compute per row too (the row being
-        normalised after a GEMM). False when the stage does not have that shape."""
-        kinds = [b.dom_kind() for b in infos]
-        if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
-            return False
-        nrow = min(leading_spatial(k) for k in kinds)
-        last = infos[-1]
-        out_dtype_bits = buffer_bytes(sch.get(last.block_rv).writes[0].source) * 8
-        lanes = vector_lanes(host, out_dtype_bits)
-
-        # Row geometry of the last block.
-        dom = last.dom()
-        row_elems = math.prod(d if isinstance(d, int) else 1 << 16 for d in dom[nrow:]) if len(dom) > nrow else 1
-        red_elems = max((math.prod(d if isinstance(d, int) else 1 << 16 for d in b.dom()[leading_spatial(b.dom_kind()):])
-                         for b in infos if b.is_reduction()), default=1)
-        row_elems = max(row_elems, red_elems)
-
-        # 1. prologue blocks: inline single-use ones, stage multi-use full rows in UB.
-        staged = []
-        for info in infos[:-1]:
-            if info.is_reduction() or is_output_block(sch, info.block_rv):
-                continue
-            consumers = sch.get_consumers(info.block_rv)
-            full_row = len(info.dom()) > nrow
-            if len(consumers) > 1 and full_row:
-                staged.append(info.block_rv)
-            elif not ok(sch.compute_inline, info.block_rv) and full_row:
-                staged.append(info.block_rv)
-
-        # Does one row fit? inputs + staged rows + output, double-buffered.
-        stmt = sch.get(last.block_rv)
-        n_row_buffers = len(staged) + len(stmt.writes) + len(
-            [r for r in stmt.reads if len(r.region) > nrow])
-        row_bytes = row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) * (2 if target.double_buffer else 1)
-        stage_rows = row_bytes <= target.ub_usable
-        if not stage_rows:
-            self.note = (f"one row needs {row_bytes} B of UB > {target.ub_usable} B usable: row tensors stream "
-                         f"from GM in {lanes}-element chunks instead of being staged")
-        for blk in staged:
-            if stage_rows:
-                try_(sch.set_scope, blk, 0, UB_SCOPE)
-
-        # 2. rfactor the row reductions into lane-wide partials (before compute_at).
-        rf_blocks = []
-        for info in infos:
-            if not info.is_reduction():
-                continue
-            blk = info.block_rv
-            rloops = [it.loop_rv for it in info.iters if it.kind == "R"]
-            r = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
-            ext = extent(sch, r)
-            v = vector_width_for(ext, lanes)
-            if not is_output_block(sch, blk):
-                try_(sch.set_scope, blk, 0, UB_SCOPE)
-            if ext is None or v < 4 or ext < 2 * v:
-                continue
-            _, ki = sch.split(r, [None, v])
-            rf = try_(sch.rfactor, ki, 0)
-            if rf is not None:
-                try_(sch.set_scope, rf, 0, UB_SCOPE)
-                rf_blocks.append(rf)
-
-        # 3. everything at the row loop of the last block.
-        mine = {b.name for b in infos} | {sch.get(b).name_hint for b in rf_blocks} | set(also)
-        blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint in mine]
-        last_blk = blocks[-1]
-        if not sch.get(last_blk).name_hint == sch.get(last.block_rv).name_hint:
-            return False
-        row_loops = loops_through(sch, last_blk, last, nrow)
-        row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
-        cores = num_cores(host)
-        for blk in reversed(blocks[:-1]):
-            sch.compute_at(blk, row, preserve_unit_loops=True)
-        total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
-        if cores > 1 and total >= MIN_PARALLEL_ELEMENTS:
-            try_(sch.parallel, row)
-
-        # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
-        rf_names = {sch.get(b).name_hint for b in rf_blocks}
-        for blk in blocks_under(sch, row):
-            name = sch.get(blk).name_hint
-            if name in rf_names:
-                vectorize_rf(sch, blk)
-            elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
-                innermost_vector(sch, blk, lanes)
-            elif is_contraction(sch, blk):
-                schedule_contraction(sch, blk, lanes)
-        return True
 
 class GemmNormRule(ScheduleRule):
     """One GEMM (+ injective epilogue: bias, residual) whose output feeds row reductions: matmul + bias +
@@ -147,11 +54,7 @@ class GemmNormRule(ScheduleRule):
     name = "matmul+norm"
     min_products = 1
 
-    def __init__(self):
-        self.note = None
-
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        self.note = None
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
         if not infos:
@@ -177,7 +80,7 @@ class GemmNormRule(ScheduleRule):
     def _split_stages(self, sch, infos, gi, first_red, last_out, target, host):
         gemm = infos[gi]
         chain = infos[gi + 1:first_red]
-        for b in infos[:gi] + chain[:last_out]:
+        for b in infos[:gi] + chain[:max(0, last_out)]:          # in front of the residual output
             if not is_output_block(sch, b.block_rv):
                 ok(sch.compute_inline, b.block_rv)
         also = []
@@ -186,8 +89,8 @@ class GemmNormRule(ScheduleRule):
             if pos == len(rest) - 1 or not ok(sch.compute_inline, b.block_rv):
                 ok(sch.set_scope, b.block_rv, 0, UB_SCOPE)      # the row being normalised, per row in UB
                 also.append(b.name)
-        rows = ReductionRule()
-        if not rows.schedule_rows(sch, infos[first_red:], target, host, also=also):
+        done, rows_note = schedule_rows(sch, infos[first_red:], target, host, also=also)
+        if not done:
             return None
         lanes = vector_lanes(host, 32)
         for b in chain[:max(0, last_out + 1)]:
@@ -200,7 +103,100 @@ class GemmNormRule(ScheduleRule):
             if num_cores(host) > 1 and loops:
                 ok(sch.parallel, loops[0])
         if last_out >= 0:
-            self.note = "residual sum is a second output: GEMM and residual run as separate stages, the norm per row"
-        else:
-            self.note = rows.note
-        return sch
+            return Scheduled(sch, "residual sum is a second output: GEMM and residual run as separate stages, "
+                                  "the norm per row")
+        return Scheduled(sch, rows_note)
+
+
+def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=()) -> tuple[bool, str | None]:
+    """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
+    alone) one row at a time. ``also``: names of producer blocks to compute per row too (the row being
+    normalised after a GEMM). Returns (done, note): done is False when the stage does not have that shape;
+    the note says when a row does not fit UB."""
+    kinds = [b.dom_kind() for b in infos]
+    if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
+        return False, None
+    nrow = min(leading_spatial(k) for k in kinds)
+    last = infos[-1]
+    out_dtype_bits = buffer_bytes(sch.get(last.block_rv).writes[0].source) * 8
+    lanes = vector_lanes(host, out_dtype_bits)
+
+    # Row geometry of the last block.
+    dom = last.dom()
+    row_elems = math.prod(d if isinstance(d, int) else 1 << 16 for d in dom[nrow:]) if len(dom) > nrow else 1
+    red_elems = max((math.prod(d if isinstance(d, int) else 1 << 16 for d in b.dom()[leading_spatial(b.dom_kind()):])
+                     for b in infos if b.is_reduction()), default=1)
+    row_elems = max(row_elems, red_elems)
+
+    # 1. prologue blocks: inline single-use ones, stage multi-use full rows in UB.
+    staged = []
+    for info in infos[:-1]:
+        if info.is_reduction() or is_output_block(sch, info.block_rv):
+            continue
+        consumers = sch.get_consumers(info.block_rv)
+        full_row = len(info.dom()) > nrow
+        if len(consumers) > 1 and full_row:
+            staged.append(info.block_rv)
+        elif not ok(sch.compute_inline, info.block_rv) and full_row:
+            staged.append(info.block_rv)
+
+    # Does one row fit? inputs + staged rows + output, double-buffered.
+    stmt = sch.get(last.block_rv)
+    n_row_buffers = len(staged) + len(stmt.writes) + len(
+        [r for r in stmt.reads if len(r.region) > nrow])
+    row_bytes = row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) * (2 if target.double_buffer else 1)
+    stage_rows = row_bytes <= target.ub_usable
+    note = None
+    if not stage_rows:
+        note = (f"one row needs {row_bytes} B of UB > {target.ub_usable} B usable: row tensors stream "
+                f"from GM in {lanes}-element chunks instead of being staged")
+    for blk in staged:
+        if stage_rows:
+            try_(sch.set_scope, blk, 0, UB_SCOPE)
+
+    # 2. rfactor the row reductions into lane-wide partials (before compute_at).
+    rf_blocks = []
+    for info in infos:
+        if not info.is_reduction():
+            continue
+        blk = info.block_rv
+        rloops = [it.loop_rv for it in info.iters if it.kind == "R"]
+        r = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
+        ext = extent(sch, r)
+        v = vector_width_for(ext, lanes)
+        if not is_output_block(sch, blk):
+            try_(sch.set_scope, blk, 0, UB_SCOPE)
+        if ext is None or v < 4 or ext < 2 * v:
+            continue
+        _, ki = sch.split(r, [None, v])
+        rf = try_(sch.rfactor, ki, 0)
+        if rf is not None:
+            try_(sch.set_scope, rf, 0, UB_SCOPE)
+            rf_blocks.append(rf)
+
+    # 3. everything at the row loop of the last block.
+    mine = {b.name for b in infos} | {sch.get(b).name_hint for b in rf_blocks} | set(also)
+    blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint in mine]
+    last_blk = blocks[-1]
+    if not sch.get(last_blk).name_hint == sch.get(last.block_rv).name_hint:
+        return False, None
+    row_loops = loops_through(sch, last_blk, last, nrow)
+    row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    cores = num_cores(host)
+    for blk in reversed(blocks[:-1]):
+        sch.compute_at(blk, row, preserve_unit_loops=True)
+    total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
+    if cores > 1 and total >= MIN_PARALLEL_ELEMENTS:
+        try_(sch.parallel, row)
+
+    # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
+    rf_names = {sch.get(b).name_hint for b in rf_blocks}
+    for blk in blocks_under(sch, row):
+        name = sch.get(blk).name_hint
+        if name in rf_names:
+            vectorize_rf(sch, blk)
+        elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
+            innermost_vector(sch, blk, lanes)
+        elif is_contraction(sch, blk):
+            schedule_contraction(sch, blk, lanes)
+    return True, note
