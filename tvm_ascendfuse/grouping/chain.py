@@ -35,8 +35,8 @@ from ..tiling import PANEL_COLS, CapacityCheck, chain_row_block, staged_rows_byt
 # On by default. A chain keeps the intermediate out of GM but streams both weights once per row block (from L2
 # on the NPU), which the byte model does not charge; GroupingConfig.chain_min_saving_vs_weights (grouping.py)
 # therefore keeps only chains whose intermediate round trip is a clear share of their weights: the wide FFN
-# intermediates of W3/W7 chain, equal-width MLP layers (W6) do not. On this CPU host a chain with two row
-# blocks per core measured ~1.1x the time of the two separate kernels (W3 FFN), parity at one per core.
+# intermediates of BERT and LLaMA chain, equal-width MLP layers do not. On this CPU host a chain with two row
+# blocks per core measured somewhat slower than the two separate kernels, parity at one per core.
 CHAINED_GEMM = register_switch(
     "ChainedGemmFusionPass", UB_FUSION,
     "cost-based grouping may chain two GEMMs (FFN up->down projection) in one kernel, per row block",

@@ -37,7 +37,7 @@ class AttentionRule(ScheduleRule):
             # legalization ("dtype mismatch on BufferStore ... T.bfloat16x8"). Another rule takes it.
             return None
         if not reduction_between_products(func):
-            return None     # e.g. a chained FFN: declined before building a schedule (~4 ms on W3's)
+            return None     # e.g. a chained FFN: declined before building a schedule (which takes milliseconds)
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
         if not infos:
@@ -179,7 +179,7 @@ class AttentionRule(ScheduleRule):
                 else:
                     # the final sum/max over the rf lanes: its innermost loop runs over the block's rows,
                     # contiguous in the partials and the result. Vectorised across rows instead of scalar
-                    # (same speed; LLVM's unroll + SLP of the scalar form cost ~15 ms per kernel)
+                    # (same speed; LLVM's unroll + SLP of the scalar form cost compile time on every kernel)
                     innermost_vector(sch, blk, lanes)
             else:
                 innermost_vector(sch, blk, lanes)

@@ -11,7 +11,7 @@ one panel of ``PANEL_COLS`` columns at a time:
   time (loaded, updated over the panel's ``k``, stored back). The accumulator rows live in ``local.L0C``
   (the cube's accumulator, which holds partial sums across K on the NPU) when ``m`` rows fit it, else in
   ``local.UB``. On the host the separate scope matters: sharing one UB allocation with the panel, LLVM
-  could not tell the tile from the panel it reads and stored the tile after every FMA (1.6x slower);
+  could not tell the tile from the panel it reads and stored the tile after every FMA (much slower);
 * after the last panel, the epilogue (bias, residual; recomputed where read) and, when present, the row
   norm run on the accumulator rows, and the rows are written out.
 
@@ -207,7 +207,7 @@ class ChainedGemmRule(ScheduleRule):
             # the block's normalised rows, once per row block (their consumers, the first products, are now
             # under the row-block loop), staged in L1 for every panel; row sums and scales in UB. In UB (one
             # allocation with the panels) LLVM could not tell them from the register tiles the first products
-            # store there and kept every tile in memory: the W7 FFN ran 1.45x slower
+            # store there and kept every tile in memory (the LLaMA FFN ran much slower)
             for n in reversed(norm_blocks):
                 sch.compute_at(get(n), rb, preserve_unit_loops=True)
                 try_(sch.set_scope, get(n), 0, L1_SCOPE if n == norm["out"] else UB_SCOPE)

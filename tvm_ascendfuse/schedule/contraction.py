@@ -120,7 +120,7 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
     outer = loops[:names.index(sch.get(i_loop).loop_var.name)]
     i0, i1 = sch.split(i_loop, [None, mr])
     j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
-    k0 = k_loop  # not unrolled: by 4 ran no faster and cost W3's GEMM+LayerNorm kernel 7 ms of LLVM time
+    k0 = k_loop  # not unrolled: by 4 ran no faster and cost LLVM time (most on a GEMM + LayerNorm kernel)
     sch.reorder(*outer, j0, i0, k0, i1, j1, j2)
     copy = sch.cache_write(block, 0, UB_SCOPE)
     sch.reverse_compute_at(copy, i0, preserve_unit_loops=True)
@@ -191,7 +191,7 @@ def tile_product(sch, block, mr, nvec, v, whole):
     i_loop, j_loop, k_loop = by_iter[spatial[-2]], by_iter[spatial[-1]], by_iter[red]
     i0, i1 = sch.split(i_loop, [None, mr])
     j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
-    # K is not unrolled: unrolling it by 4 ran no faster and cost W7's FFN kernel 14 ms of LLVM time
+    # K is not unrolled: unrolling it by 4 ran no faster and cost LLVM time (most on a SwiGLU FFN kernel)
     k0 = k_loop
     sch.reorder(j0, i0, k0, i1, j1, j2)
     if v > 1:

@@ -4,12 +4,12 @@ Recognised from the blocks: one reduction block ``C[n, f, y, x] += D[n, c, ..y..
 (casts allowed) whose output and weight indices are bare iterators in NCHW / OIHW order. Its padding
 prologue (``pad_temp``, with whatever injective ops feed it inlined, e.g. the Focus slicing) is computed
 inside the one parallel loop when that loop runs over blocks of output rows (each task pads the input rows
-of its block, halo rows twice: no second fork/join, the rows stay in the core's cache; W1 conv 2 threads
-measured ~5% faster, 1 thread unchanged), else once at the root, parallel over channels. Epilogue ops
-(folded-BN bias, activation, residual add) are fused into the store of each output tile, which reaches NCHW
-through a register transpose where the tile has its shape (``transpose.py``; one core: W1 1%, 7x7 s2 stem
-6%, 1x1 64ch @56^2 2-4% faster). Grouped and depthwise convs have another index structure and are left to
-the fallback rule.
+of its block, halo rows twice: no second fork/join, the rows stay in the core's cache; measured faster with
+two threads, the same with one), else once at the root, parallel over channels. Epilogue ops (folded-BN
+bias, activation, residual add) are fused into the store of each output tile, which reaches NCHW through a
+register transpose where the tile has its shape (``transpose.py``; measured faster on one core, most on
+strided and pointwise convs). Grouped and depthwise convs have another index structure and are left to the
+fallback rule.
 
 Tiling: the accumulator tile (ocb output channels x owr output columns of one row) lives in ``local.UB``
 in an NCHW[vl]c layout, so the vector axis (output channels) is innermost; each FMA multiplies vl output
@@ -18,7 +18,8 @@ channels by one broadcast input pixel. ocb x owr is the host's register block (A
 weight is re-laid out to (OC/ocb, IC, KH, KW, ocb) when it is a compile-time constant (``layout.py``).
 A pointwise conv's NCHW input staged NCHW[16]c (``_wants_nchwc``) is copied through the input-side register
 transpose (16 channels x 8 columns, ``transpose.py``) where the width is a multiple of 8, else gathered lane
-by lane; kernel alone, one core: 1x1 64->64 @56^2 11%, 256->64 9%, 64->256 3% faster.
+by lane (the transpose measured faster on every pointwise shape tried, most where the input has few
+channels per output).
 
 Tuning: with a ``tiles`` chooser the register block and the blocks of output rows become one sampled
 decision over ``conv_candidates`` (``tunable.py``), the schedule's own choice first; without one the schedule
@@ -104,10 +105,10 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
     allow. ``columns_first`` (a conv with KW > 1 whose every register block re-reads all its weights from
     L2): each weight vector feeds owr FMAs, and below half the accumulator count of columns per vector the
     weight stream outpaces the FMAs, so the column block comes first, then the accumulator count.
-    With the NCHW input (``_wants_nchwc``), measured on this host, one core: 3x3 128ch @28^2 (1 x 14 instead
-    of 2 x 7) 1.12x faster, 3x3 s2 128ch @56^2 1.15x, 3x3 s2 256ch @28^2 1.14x; W1's 3x3 @56^2 keeps 2 x 8.
-    Pointwise convs and small planes (weights cache resident) keep the default: 1 x 14 measured 10-19%
-    slower there (one broadcast load per FMA, no sliding reuse along KW)."""
+    With the NCHW input (``_wants_nchwc``) it measured faster on this host (one core) for 3x3 convs of 128
+    and 256 channels, strided or not (1 x 14 instead of 2 x 7 at a width of 28); where the default already
+    has 8 columns it keeps 2 x 8. Pointwise convs and small planes (weights cache resident) keep the default:
+    1 x 14 measured slower there (one broadcast load per FMA, no sliding reuse along KW)."""
     lanes = hv.lanes(dtype)
     vl = 1
     while vl * 2 <= lanes and oc % (vl * 2) == 0:
@@ -161,10 +162,9 @@ def _wants_nchwc(opts: ConvOptions, sch, conv, info, ic, icb) -> bool:
     """Re-lay the input out NCHW[icb]c when the channel planes are far apart (a plane of at least
     ``nchwc_min_plane`` bytes: every channel of a register block's reads is another line and page) and
     the conv is pointwise, or (``nchwc_min_ic`` set) reads at least that many channels per output.
-    Measured on this host: 1x1 256->64 @56^2 3.5x faster, 512->128 @28^2 1.3x. Convs with a larger
-    kernel keep NCHW (read in place, padded per task): with the column-first register blocks of
-    ``choose_conv_tiles`` NCHW measured 10% faster than NCHW[16]c on 3x3 128ch @28^2 and 3x3 s2 @56^2
-    and @28^2 (one core)."""
+    Measured much faster on this host for wide pointwise convs on large planes. Convs with a larger kernel
+    keep NCHW (read in place, padded per task): with the column-first register blocks of
+    ``choose_conv_tiles`` NCHW measured faster than NCHW[16]c on 3x3 convs, strided or not (one core)."""
     if ic is None or ic % icb:
         return False
     d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
@@ -174,6 +174,7 @@ def _wants_nchwc(opts: ConvOptions, sch, conv, info, ic, icb) -> bool:
     plane = d_shape[2] * d_shape[3] * dtype_bytes(info.out_dtype)
     wide = opts.nchwc_min_ic is not None and ic >= opts.nchwc_min_ic
     return plane >= opts.nchwc_min_plane and (w_shape[2] * w_shape[3] == 1 or wide)
+
 
 def _channel_chunk(opts: ConvOptions, ic, sch, conv, ow, target, info) -> int | None:
     """Input channels per chunk when the input rows one output row needs (KH rows of the padded input,
@@ -195,6 +196,7 @@ def _channel_chunk(opts: ConvOptions, ic, sch, conv, ow, target, info) -> int | 
         chunk -= 1
     return chunk if chunk < ic else None
 
+
 def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles, target, hv: HostVector):
     """(input channels per chunk, output rows per block) for a small output plane, else None.
 
@@ -207,10 +209,10 @@ def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles,
     it then reads the input in place instead of re-laying it out NCHW[vl]c (a full copy per call).
     Sizes: accumulator and the chunk's working set (weights + input rows) each within a quarter of
     usable UB, chunks of 16..64 channels; the rows are split further only to give every core two tasks.
-    Measured on this host, one core (ResNet-50 shapes): 3x3 256ch 14x14 1.15x, 512ch 7x7 1.15x, 1x1 on
-    7x7/14x14 1.05-1.2x, 1x1 on 28x28 (row blocks) 1.15-1.2x faster; 3x3 on 28x28 and 56x56 neutral,
-    1x1 on 56x56 (12.5 KB planes) and strided 1x1 slower than the NCHW[vl]c input, 8-channel chunks
-    (3x3 s2 from 28x28) slower: those keep the register-resident reduction."""
+    Measured on this host, one core (ResNet-50 shapes): faster for 3x3 and 1x1 convs on 7x7 and 14x14
+    planes and for 1x1 convs on 28x28 (row blocks); neutral for 3x3 on 28x28 and 56x56; slower than the
+    NCHW[vl]c input for 1x1 on 56x56 and strided 1x1, and with 8-channel chunks: those keep the
+    register-resident reduction."""
     w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
     d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
     oc, oh, ow = out_dims
@@ -240,6 +242,7 @@ def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles,
     if tasks_per_row * (oh // rows) < 2 * hv.cores:
         return None      # too few parallel tasks left (few output channels, prime row count)
     return chunk, rows
+
 
 def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, opts: ConvOptions = DEFAULT_OPTIONS):
     """Schedule the conv2d ``info`` (block ``ci`` of ``blocks``, the function's root blocks; the blocks after
@@ -433,9 +436,9 @@ def _row_block_choices(oh: int, cores: int, fits=None) -> list[int]:
 def _padded_rows_fit(sch, pad, oh: int, info: ConvBlock, target: AscendTarget):
     """``fits(rows)`` for _row_blocks: the padded input rows a block of ``rows`` output rows reads (all
     channels) within the target's L1, the buffer that stages a feature-map block for the cube unit (on
-    this host: the core's L2). W1 (64ch @58^2 padded): 2 blocks of 28 rows (445 KiB) instead of 4 of 14,
-    one per core: 2 threads measured 1-3% faster (4 interleaved A/B runs); 3x3 64->64 @56^2 and the 7x7 s2
-    stem (8 -> 2 blocks) within noise; one thread unchanged."""
+    this host: the core's L2). A 64-channel 56x56 conv then takes 2 blocks of 28 rows (445 KiB) instead of
+    4 of 14, one per core: measured slightly faster with two threads (interleaved runs), within noise on
+    other shapes, the same with one thread."""
     shape = [extent_of(d) for d in sch.get(pad).writes[0].source.ty.shape]
     kh = extent_of(info.weight_buf.ty.shape[2])
     if len(shape) != 4 or None in shape or kh is None:

@@ -1,8 +1,8 @@
 """MatmulRule: matmul / batched matmul / linear with prologue and injective epilogue.
 
-The kernel kind is recognised from the blocks, not the name: one reduction block whose body is
-``C[..] = C[..] + A[..] * B[..]`` (casts allowed) with every index a plain block iterator, iterators
-classified by which buffers they index (batch: A, B, C; M: A, C; N: B, C; K: A, B). Anything after it must
+The kernel kind is recognised from the blocks, not the name (``analysis.match_gemm``): one reduction block
+whose body is ``C[..] = C[..] + A[..] * B[..]`` (casts allowed) with every index a plain block iterator,
+iterators classified by which buffers they index (batch: A, B, C; M: A, C; N: B, C; K: A, B). Anything after it must
 be injective (bias, activation, residual add); anything before it is either inlined (transposes, casts of
 parameters) or, when it holds reductions (a LayerNorm feeding the GEMM), scheduled as a row-parallel stage.
 An injective producer of A that would not inline to plain indices (attention's head merge, transpose +
@@ -15,8 +15,8 @@ panel (mr x kc) is also staged in ``local.UB`` per K chunk, kc chosen so the dou
 B panel and accumulator fit usable UB; it costs 10-15% on the host (an extra copy per register block),
 so it is off by default. Host side (UB tiling = cache blocking): mr x nr is a register block sized from
 the host's vector registers (AVX-512: 8 x 32 fp32 = 16 zmm accumulators), N vectorised, K not unrolled
-(unrolling it by 4 measured the same single-thread speed on the W3/W4/W6/W7 GEMMs and cost ~7 ms of LLVM
-time per kernel), the outer tiles parallel over the host's cores, and the weight re-laid out (N/nr, K, nr)
+(unrolling it by 4 measured the same single-thread speed on the transformer GEMMs and cost LLVM time on
+every kernel), the outer tiles parallel over the host's cores, and the weight re-laid out (N/nr, K, nr)
 when it is a compile-time constant (see ``layout.py``): that layout change runs once, before the kernel,
 and FoldConstant evaluates it.
 """

@@ -124,7 +124,7 @@ class PoolRule(ScheduleRule):
         co, ci = sch.split(c, [None, cb])
         yo, yi = sch.split(y, [None, rb])
         # window innermost: each output accumulates in a register. (Vectorising the output columns instead
-        # reads the window with stride-2 vector loads, which the host scalarises: measured 4-7x slower.)
+        # reads the window with stride-2 vector loads, which the host scalarises: measured several times slower.)
         sch.reorder(n, co, yo, ci, yi, x, *red)
         tile = sch.fuse(n, co, yo)
 
