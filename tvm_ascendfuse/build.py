@@ -1,11 +1,11 @@
 """Relax build with the kernels' TIR lowering and LLVM code generation spread over the host's cores.
 
 ``tvm.compile`` lowers and code-generates every PrimFunc of a model in one LLVM module on one thread; for
-our fused kernels that is more than half of a compile (W7: ~310 ms of ~520 ms). ``build`` does what
+our fused kernels that is more than half of a compile (of a decoder block). ``build`` does what
 ``relax.build`` does (Relax pipeline, VM codegen, TIR build, VM link) but splits the PrimFuncs into up to
 ``jobs`` modules of about equal size, builds them on threads (the lowering and LLVM run in C++ without the
 GIL) and links the resulting LLVM modules into one VM executable. Splitting changes no generated code,
-only the wall-clock time of the TIR build (W7 310 -> 180 ms with two idle cores); ``jobs=1``, or PrimFuncs
+only the wall-clock time of the TIR build (close to halved with two idle cores); ``jobs=1``, or PrimFuncs
 that call each other (they must stay in one module), build one module. By default only idle cores are
 used (``default_jobs``). The TIR build skips TIR's CSE
 (``TIR_CONFIG``: LLVM does the same).
@@ -24,8 +24,8 @@ from tvm.relax import vm_build
 
 def default_jobs(host) -> int:
     """Threads for the TIR build: the host target's cores (at most the machine's) that nothing else is
-    running on right now. With every core busy, two threads measured slower than one (W7 2.02x vs 1.89x
-    TVM's compile time while another process used one of the two cores), so busy cores are left out."""
+    running on right now. With every core busy, two threads measured slower than one (while another process
+    used one of the two cores), so busy cores are left out."""
     cores = os.cpu_count() or 1
     if host is not None and "num-cores" in host.attrs:
         cores = min(cores, max(1, int(host.attrs["num-cores"])))
@@ -82,8 +82,8 @@ def build(mod: tvm.IRModule, target, relax_pipeline, jobs: int | None = None):
     return vm_build.VMExecutable(exe)
 
 
-# TIR's CommonSubexprElim repeats what LLVM's EarlyCSE/GVN do on the same code: off, the kernels of
-# W1/W3-W7 ran at the same single-thread speed (0.98-1.02x each) and lowered 2-10 ms faster per kernel.
+# TIR's CommonSubexprElim repeats what LLVM's EarlyCSE/GVN do on the same code: off, the workloads' kernels
+# ran at the same single-thread speed and lowered faster.
 TIR_CONFIG = {"tirx.disable_cse_tir": True}
 
 
@@ -140,8 +140,8 @@ def split_module(tir_mod: tvm.IRModule, jobs: int) -> list[tvm.IRModule]:
 
 
 def _size(func) -> int:
-    """Loops + stores: tracks the build time of our kernels (W1/W3/W4/W7: about 10 ms + 1.6 ms per loop;
-    counting unrolled iterations overrated the SwiGLU FFN against attention and unbalanced W7's split)."""
+    """Loops + stores: tracks the build time of our kernels (a fixed cost plus a cost per loop; counting
+    unrolled iterations overrated the SwiGLU FFN against attention and unbalanced a decoder block's split)."""
     count = [1]
 
     def one(_):

@@ -116,16 +116,6 @@ def known_switches() -> dict[str, SwitchInfo]:
     return dict(_BY_NAME)
 
 
-def register_switch(name: str, category: str, description: str = "", default_on: bool = True) -> str:
-    """Transitional: a module that still names its switch through a call gets the declared name back.
-
-    ``SWITCHES`` is the declaration; this only checks that ``name`` is declared there, in ``category``."""
-    info = _BY_NAME.get(name)
-    if info is None or info.category != category:
-        raise ValueError(f"switch {name!r} ({category}) is not declared in tvm_ascendfuse.switches.SWITCHES")
-    return name
-
-
 def _parse_value(name: str, value) -> bool:
     if isinstance(value, bool):
         return value

@@ -89,7 +89,7 @@ def extract_kernels(mod: tvm.IRModule, target: AscendTarget | str, host, switche
         workload = workload_module(use_fast_math(normalize_scope_aliases(func)))
         if any(tvm_ffi.structural_equal(workload, k.workload) for k in kernels):
             continue
-        _, rule, _ = untuned.schedule_one(gv.name_hint, func, host)
+        rule = untuned.schedule_one(gv.name_hint, func, host)[1]
         kernels.append(Kernel(source.get(gv.name_hint, gv.name_hint), gv.name_hint, workload, rule,
                               rule in TUNABLE_RULES))
     return kernels

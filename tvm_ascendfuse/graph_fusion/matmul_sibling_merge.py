@@ -34,7 +34,7 @@ from tvm import relax
 from ..report import CHECK_FAILED
 from ..switches import MATMUL_SIBLING_MERGE as NAME
 from ..fusion_pass import FusionPass
-from ._graph import FunctionGraph, dims, make_const, op_name, static_shape
+from ._graph import FunctionGraph, static_dims, make_const, op_name, static_shape
 
 
 # Unary elementwise ops looked through when checking whether two siblings are combined later.
@@ -145,7 +145,7 @@ class MatMulSiblingMergeFusionPass(FusionPass):
             return None
         w = graph.const(mm.args[1])
         out = static_shape(var)
-        lhs_dims = dims(mm.args[0])
+        lhs_dims = static_dims(mm.args[0])
         if w is None or w.ndim != 2 or out is None or not lhs_dims or lhs_dims[-1] is None:
             return None
         if len(lhs_dims) < 2 or out[-1] != w.shape[1]:

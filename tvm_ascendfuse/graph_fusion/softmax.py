@@ -12,7 +12,7 @@ from __future__ import annotations
 from tvm import relax
 
 from ..switches import SOFTMAX as NAME
-from ._graph import GraphRewritePass, Refusal, Rewrite, dims, flatten_product, op_name
+from ._graph import GraphRewritePass, Refusal, Rewrite, static_dims, flatten_product, op_name
 from ._norm import keepdims_axes
 
 
@@ -37,7 +37,7 @@ class SoftmaxFusionPass(GraphRewritePass):
         if exp is None or total is None or not total.args[0].same_as(e_var):
             return None
         x, internal = exp.args[0], prod.internal | {e_var, s_var}
-        shape = dims(x)
+        shape = static_dims(x)
         if shape is None:
             raise Refusal(internal=internal, failed="input rank unknown")
         axes = keepdims_axes(total, len(shape))

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from ..analysis.traffic import ASSUMED_SYMBOLIC_DIM, KernelTraffic, count_primfunc, dtype_bytes, symbolic_bounds
+from ..analysis.traffic import ASSUMED_SYMBOLIC_DIM, KernelTraffic, count_primfunc, symbolic_bounds
+from ..ir import dtype_bytes, is_call_tir
 from ..target import AscendTarget
 from .chain import reduces_last_axis, row_operand_positions
 from .cost import pad_ratio
 
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 # TVM's op pattern kinds (``op_pattern`` of a legalized PrimFunc)
 ELEMWISE, BROADCAST, INJECTIVE, REDUCE, OUT_EWISE, OPAQUE = 0, 1, 2, 3, 4, 8
 
@@ -194,8 +194,7 @@ class _Builder:
 
 
 def _simple_call_tir(v, var) -> bool:
-    return (v is not None and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
-            and v.op.same_as(_CALL_TIR) and len(v.args) == 2 and isinstance(v.args[1], relax.Tuple)
+    return (is_call_tir(v) and len(v.args) == 2 and isinstance(v.args[1], relax.Tuple)
             and hasattr(var.ty, "dtype") and getattr(var.ty, "shape", None) is not None
             and all(isinstance(a, (relax.Var, tvm.ir.GenericConst)) for a in v.args[1].fields))
 

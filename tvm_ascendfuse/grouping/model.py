@@ -13,7 +13,7 @@ from tvm import relax
 
 from ..target import AscendTarget
 from .attention_chain import AttentionChain, find_attention_chain
-from .capacity import TileBuffer, l0_check, ub_check
+from ..tiling import TileBuffer, l0_check, ub_check
 from .chain import Chain, find_chain, reachable
 from .cost import GroupCost, GroupingConfig, tiles_for
 from .graph import INJECTIVE, OUT_EWISE, REDUCE, BlockGraph, tensor_dtype_bytes, tensor_elems

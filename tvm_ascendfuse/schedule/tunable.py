@@ -2,10 +2,10 @@
 
 The space of a kernel applies the same rule the schedule phase would (``MatmulRule``, ``Conv2dRule``) to
 MetaSchedule's traced schedule, with its tiles drawn by ``sch.sample_categorical`` over the rule's
-candidates (``matmul.tile_candidates``: register block and K chunk; ``conv.conv_candidates``: register
-block and blocks of output rows): tiles that fit the target's usable UB (and L1) by the rule's own capacity
-checks, the rule's default first. So every sampled schedule is UB-valid (a postproc re-checks the counted bytes) and
-the untuned default is one point of the space.
+candidates (``matmul.tile_candidates``: register block and K chunk; ``conv_schedule.conv_candidates``:
+register block and blocks of output rows): tiles that fit the target's usable UB (and L1) by the rule's own
+capacity checks, the rule's default first. So every sampled schedule is UB-valid (a postproc re-checks the
+counted bytes) and the untuned default is one point of the space.
 
 The rule derives padding, weight packing and K chunks from the tiles in Python, so a trace alone does not
 describe how to re-derive them under a new decision: search with ``ReplayFunc`` (the rule runs again for
