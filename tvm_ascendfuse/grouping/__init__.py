@@ -2,7 +2,7 @@
 
 ``pattern_fusion.py`` is part (a). Part (b), the cost-based grouping, is XLA priority fusion in shape:
 ``graph.py`` (a block's nodes and edges), ``model.py`` (cost, capacity and structure of a candidate group,
-over ``cost.py``, ``capacity.py``, ``chain.py`` and ``attention_chain.py``), ``queue.py`` (the object that
+over ``cost.py``, ``chain.py``, ``attention_chain.py`` and the shared ``tiling`` module), ``queue.py`` (the object that
 owns a run: groups, candidates, evaluation, merges, priorities), ``emit.py`` (groups back into Relax) and
 ``cost_based_fusion.py`` (the pass).
 """
