@@ -24,6 +24,7 @@ from .conv import Conv2dRule
 from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
 from .fast_math import use_fast_math
+from .grouped_conv import GroupedConv2dRule
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
@@ -34,7 +35,7 @@ from .tuned import TunedRecordRule, open_database, records_dir
 # Most specific first. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
 DEFAULT_RULES = (AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule,
-                 PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+                 GroupedConv2dRule, PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
 def default_rules(target: AscendTarget) -> list:
