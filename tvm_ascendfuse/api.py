@@ -26,8 +26,8 @@ class CompileResult:
 
 def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", switches=None,
                   portable: bool = False, traffic_baseline: bool = False, jobs: int | None = None,
-                  verify: bool = False, reference: Callable | None = None, reference_name: str | None = None,
-                  graph: bool = True) -> CompileResult:
+                  verify: bool = False, reference: Callable | None = None,
+                  reference_name: str | None = None) -> CompileResult:
     """``traffic_baseline=True`` also fills the TVM-default and lower-bound rows of the report's traffic table
     (report-only; it re-runs TVM's default fusion on the model, seconds on ResNet-50). ``jobs``: threads
     for the kernels' TIR lowering and LLVM code generation (default: the host's cores; ``build.py``).
@@ -35,19 +35,13 @@ def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", 
     ``verify=True`` runs the build and an unfused reference on seeded random inputs and, on a mismatch, names
     the first kernel that differs from its unfused ops (``verify.py``; result in ``.verification`` and the
     report's ``verify`` section). ``reference``: a function inputs -> outputs (e.g.
-    ``verify.onnxruntime_reference(model)``); default TVM's default pipeline on ``mod``.
-    ``graph``: record the dataflow graph before and after fusion into the report (``report_graph.py``;
-    what the HTML report draws)."""
+    ``verify.onnxruntime_reference(model)``); default TVM's default pipeline on ``mod``."""
     npu = get_target(target)
     host = npu.host_target(portable=portable)
     pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline)
     ex = build(mod, host, pipeline, jobs=jobs)
     snaps = pipeline.snapshots
     result = CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)
-    if graph:
-        from .report_graph import record_graph
-
-        record_graph(pipeline.report, mod, result.fused_module)
     if verify:
         from .verify import verify_compiled
 

@@ -25,6 +25,7 @@ import tvm
 from tvm import relax
 
 from .errors import ModelError
+from .progress import bar
 
 # (rtol, atol) per dtype; atol scales with the reference output's largest magnitude (at least 1), so the
 # check means the same for a logit in the tens as for a normalised activation.
@@ -276,7 +277,10 @@ def bisect(result, inputs, func: str = "main") -> dict:
     found: dict[str, Any] = {}
     worst = {"max_rel": -1.0}
 
+    shown = bar(total=len(plan), desc="bisecting", unit="kernel", delay=2.0)
+
     def on_result(i, diffs):
+        shown.update()
         name = scheduled[i][0]
         bad = [d for d in diffs if not d.ok]
         rel = max((d.max_rel for d in diffs), default=0.0)
@@ -289,7 +293,10 @@ def bisect(result, inputs, func: str = "main") -> dict:
             return True
         return False
 
-    run_executable(reference, inputs, func, _Replay(plan, on_result))
+    try:
+        run_executable(reference, inputs, func, _Replay(plan, on_result))
+    finally:
+        shown.close()
     if found:
         return {"first_bad_kernel": found, "kernels_checked": found["index"] + 1}
     return {"first_bad_kernel": None, "kernels_checked": len(plan),
