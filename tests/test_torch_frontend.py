@@ -97,3 +97,24 @@ class _Dropout(torch.nn.Module):
 def test_sdpa_dropout_is_an_error():
     with pytest.raises(UnsupportedOpError, match="dropout"):
         af.from_torch(_Dropout(), (torch.randn(1, 2, 4, 4),))
+
+
+def test_cli_compiles_pt2_with_verify(tmp_path, capsys):
+    import json
+
+    import tvm
+    from tvm import relax
+
+    from tvm_ascendfuse.cli import main
+
+    model, args = torch_models.bert_layer(seq=8, hidden=32, heads=2, ffn=64)
+    path = tmp_path / "bert.pt2"
+    torch.export.save(torch.export.export(model, args), str(path))
+    assert main(["compile", str(path), "-o", str(tmp_path / "out"), "--portable", "--verify"]) == 0
+    printed = capsys.readouterr().out
+    assert "verify against pytorch (eager)" in printed and "OK" in printed
+    report = json.loads((tmp_path / "out" / "fusion_result.json").read_text())
+    assert report["summary"]["kernels_after"] == 3 and report["verify"]["ok"]
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / "bert.so")), tvm.cpu())
+    ours = vm["main"](tvm.runtime.tensor(args[0].numpy())).numpy()
+    np.testing.assert_allclose(ours, eager(model, args), rtol=1e-4, atol=1e-4)
