@@ -213,15 +213,20 @@ def _kernel_calls(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, list
 
 
 class _Capture:
-    """VM instrument: after each call of one of ``names``, copies of its arguments (inputs then outputs)."""
+    """VM instrument: after each kernel call (``calls``: the build's call_tir list, in order), copies of its
+    arguments, inputs then outputs; constant inputs (weights) are not copied."""
 
-    def __init__(self, names: set[str]):
-        self.names = names
+    def __init__(self, calls: list):
+        self.expected = calls
+        self.names = {name for name, _, _ in calls}
         self.calls: list[tuple[str, list]] = []
 
     def __call__(self, func, symbol, before_run, ret_value, *args):
         if not before_run and symbol in self.names:
-            self.calls.append((symbol, [a.numpy() if hasattr(a, "numpy") else None for a in args]))
+            i = len(self.calls)
+            consts = self.expected[i][1] if i < len(self.expected) else []
+            self.calls.append((symbol, [None if j < len(consts) and consts[j] else
+                                        (a.numpy() if hasattr(a, "numpy") else None) for j, a in enumerate(args)]))
         return NO_OP
 
 
@@ -270,7 +275,7 @@ def bisect(result, inputs, func: str = "main") -> dict:
     with host:
         reference = tvm.compile(result.fused_module, target=host,
                                 relax_pipeline=tvm.transform.Sequential(lowering_phase(host)))
-    capture = _Capture({name for name, _, _ in scheduled})
+    capture = _Capture(scheduled)
     run_executable(result.executable, inputs, func, capture)
     if len(capture.calls) != len(scheduled):
         return {"error": f"captured {len(capture.calls)} kernel calls, expected {len(scheduled)}"}
