@@ -43,6 +43,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # noqa: E402
 import tvm_ascendfuse as af  # noqa: E402
 from tvm_ascendfuse.analysis import launch_count, launched_kernels  # noqa: E402
 from tvm_ascendfuse.frontend import import_onnx  # noqa: E402
+from tvm_ascendfuse.progress import bar  # noqa: E402
 from tvm_ascendfuse.workloads import WORKLOAD_IDS, WORKLOADS  # noqa: E402
 
 ORT_THREADS = 2
@@ -332,14 +333,19 @@ def main(argv=None) -> int:
         use_traffic_columns()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     rows = []
+    shown = bar(total=len(names), desc="workloads", unit="workload")
+    log = lambda msg: shown.write(msg, file=sys.stderr)   # noqa: E731  (printed above the bar)
     for name in names:
+        shown.set_postfix_str(name)
         try:
             rows.append(benchmark_workload(name, args.target, args.budget, args.max_default_call,
                                            time_default=name not in skip, min_rounds=args.min_rounds, log=log))
         except af.AscendFuseError as err:     # one workload failing to compile must not lose the others
             rows.append({"workload": name, "description": WORKLOADS[name][1], "error": str(err),
                          "notes": [f"failed: {type(err).__name__}: {err}"]})
-        print(format_table(rows[-1:]), file=sys.stderr, flush=True)
+        log(format_table(rows[-1:]))
+        shown.update()
+    shown.close()
     print(format_table(rows))
     print("ms columns: CPU wall-clock on the host (min over interleaved rounds), not NPU times; noisy on a "
           "shared machine. GM bytes are counted on the TIR; NPU us are modeled from the target description.")

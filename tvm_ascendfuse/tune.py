@@ -20,6 +20,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from .errors import AscendFuseError
+from .progress import bar
 from .target import AscendTarget, get_target
 
 
@@ -155,13 +156,16 @@ def tune_kernels(kernels: list[Kernel], npu: AscendTarget, host, trials: int, da
         number=1, repeat=repeats, min_repeat_ms=20, enable_cpu_cache_flush=False))
     measure = _Measure(builder, runner, host)
     results = []
-    for i, kernel in enumerate(kernels):
-        if log:
-            log(f"tuning {kernel.name} ({kernel.rule}), {trials} trials")
-        searched = ms.database.MemoryDatabase()
-        _search(kernel, npu, host, trials, searched, measure, seed + i + 1, cores, batch)
-        _confirm(kernel, searched, database, measure, host, finalists, rounds)
-        results.append(summarize(kernel, database, trials))
+    with bar(total=len(kernels) * trials, desc="tuning", unit="trial") as shown:
+        for i, kernel in enumerate(kernels):
+            if log:
+                log(f"tuning {kernel.name} ({kernel.rule}), {trials} trials")
+            shown.set_description(f"tuning {i + 1}/{len(kernels)} {kernel.rule}")
+            searched = ms.database.MemoryDatabase()
+            _search(kernel, npu, host, trials, searched, measure, seed + i + 1, cores, batch, shown)
+            shown.set_postfix_str("re-timing the fastest beside the default")
+            _confirm(kernel, searched, database, measure, host, finalists, rounds)
+            results.append(summarize(kernel, database, trials))
     return results
 
 
@@ -197,7 +201,7 @@ class _Measure:
         return [(None if err is not None else t, err) for t, err in zip(best, errors)]
 
 
-def _search(kernel: Kernel, npu, host, trials, database, measure, seed, cores, batch) -> None:
+def _search(kernel: Kernel, npu, host, trials, database, measure, seed, cores, batch, shown=None) -> None:
     from tvm.s_tir import meta_schedule as ms
 
     from .schedule.tunable import space_generator
@@ -206,7 +210,7 @@ def _search(kernel: Kernel, npu, host, trials, database, measure, seed, cores, b
     workload = database.commit_workload(kernel.workload)
     ctx.pre_tuning(max_trials=trials, num_trials_per_iter=min(batch, trials),
                    design_spaces=ctx.generate_design_space(), database=database)
-    measured, errors = 0, []
+    measured, errors, best = 0, [], None
     try:
         while measured < trials:
             candidates = ctx.generate_measure_candidates()
@@ -219,10 +223,15 @@ def _search(kernel: Kernel, npu, host, trials, database, measure, seed, cores, b
                 if error is not None:
                     errors.append(error)
                 else:
+                    best = secs if best is None else min(best, secs)
                     database.commit_tuning_record(ms.database.TuningRecord(
                         c.sch.trace, workload, [secs], host, c.args_info))
             ctx.notify_runner_results(candidates, outcomes)
             measured += len(candidates)
+            if shown is not None:
+                shown.update(len(candidates))
+                if best is not None:
+                    shown.set_postfix_str(f"best {best * 1e6:.1f} us")
     finally:
         ctx.post_tuning()
     if errors and len(errors) == measured:
