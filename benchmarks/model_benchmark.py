@@ -3,6 +3,7 @@ generic-rule kernels against onnxruntime on the same ops, compile time, agreemen
 
     python benchmarks/model_benchmark.py resnet18 gpt2 W3 path/to/model.onnx --json out.json
     python benchmarks/model_benchmark.py all --json baseline.json        # public-model set + W1..W7
+    python benchmarks/model_benchmark.py --from-json baseline.json      # the tables again, from the JSON
 
 Arguments: names of ``public_models.MODELS`` (exported into its cache on first use; needs the ``models``
 extra), built-in workload ids W1..W7 (written as ONNX into the same cache), or ONNX files.
@@ -337,32 +338,41 @@ def worker_diagnose(onnx_path: str, skip: list[str]) -> None:
     emit = lambda obj: (sys.stdout.write(json.dumps(obj) + "\n"), sys.stdout.flush())  # noqa: E731
     npu = af.get_target(TARGET)
     host = npu.host_target(portable=False)
-    emit({"step": "phase:import", "start": True})
-    t = time.perf_counter()
-    mod = import_onnx(onnx_path)
-    emit({"step": "phase:import", "s": time.perf_counter() - t})
+
+    def step(name: str, fn, **extra):
+        emit({"step": name, "start": True, **extra})
+        t = time.perf_counter()
+        try:
+            value = fn()
+        except Exception as err:  # noqa: BLE001 - named in the diagnosis, then the next step
+            emit({"step": name, "error": one_line(err), **extra})
+            return None, False
+        emit({"step": name, "s": time.perf_counter() - t, **extra})
+        return value, True
+
+    mod, ok = step("phase:import", lambda: import_onnx(onnx_path))
+    if not ok:
+        return
     pipe = AscendFusePipeline(npu)
     target, switches, tvm_target = pipe.resolve()
     with host:
         for name, passes in pipe.phases(target, switches, host):
-            emit({"step": f"phase:{name}", "start": True})
-            t = time.perf_counter()
-            mod = tvm.transform.Sequential(passes)(mod)
-            emit({"step": f"phase:{name}", "s": time.perf_counter() - t})
+            mod, ok = step(f"phase:{name}", lambda m=mod, p=passes: tvm.transform.Sequential(p)(m))
+            if not ok:
+                return
     rules = pipe.report.sections.get("schedules", {})
     builder = relax.ExecBuilder()
     tir_mod = vm_build._filter_tir(vm_build._vmcodegen(builder, mod, "bytecode"))
     funcs = sorted(tir_mod.functions.items(), key=lambda kv: kv[0].name_hint)
     emit({"kernels": len(funcs)})
-    for gv, func in funcs:
-        name = gv.name_hint
-        if name in skip:
-            continue
-        emit({"step": f"kernel:{name}", "start": True, "rule": rules.get(name, "-")})
-        t = time.perf_counter()
+
+    def build_one(gv, func):
         with _build_context():
-            tvm.tirx.build(tvm.IRModule({gv: func}, attrs=tir_mod.attrs), target=host, pipeline="default")
-        emit({"step": f"kernel:{name}", "s": time.perf_counter() - t, "rule": rules.get(name, "-")})
+            return tvm.tirx.build(tvm.IRModule({gv: func}, attrs=tir_mod.attrs), target=host, pipeline="default")
+
+    for gv, func in funcs:
+        if gv.name_hint not in skip:
+            step(f"kernel:{gv.name_hint}", lambda g=gv, f=func: build_one(g, f), rule=rules.get(gv.name_hint, "-"))
     emit({"done": True})
 
 
@@ -489,6 +499,7 @@ def diagnose(onnx_path, workdir, step_timeout: float, max_restarts: int = 4) -> 
     """Phase and per-kernel build times of our compile; steps over ``step_timeout`` are named and skipped."""
     done: dict[str, dict] = {}
     hung: list[dict] = []
+    failed: list[dict] = []
     phases: dict[str, float] = {}
     for _ in range(max_restarts + 1):
         skip = [s.split(":", 1)[1] for s in list(done) + [h["step"] for h in hung] if s.startswith("kernel:")]
@@ -517,6 +528,14 @@ def diagnose(onnx_path, workdir, step_timeout: float, max_restarts: int = 4) -> 
             msg = json.loads(line)
             if msg.get("done"):
                 finished = True
+            elif "error" in msg:
+                failed.append({"step": msg["step"], "error": msg["error"], "rule": msg.get("rule")})
+                if msg["step"].startswith("phase:"):
+                    _kill(proc)
+                    err.close()
+                    return {"phases": phases, "failed": failed, "hung": hung, "stopped_at": msg["step"]}
+                done[msg["step"]] = {"s": None, "rule": msg.get("rule"), "error": msg["error"]}
+                current = None
             elif "start" in msg:
                 current = msg
             elif "s" in msg:
@@ -528,8 +547,8 @@ def diagnose(onnx_path, workdir, step_timeout: float, max_restarts: int = 4) -> 
         err.close()
         if finished or (hung and not hung[-1]["step"].startswith("kernel:")):
             break
-    slowest = sorted(done.items(), key=lambda kv: -kv[1]["s"])[:10]
-    return {"phases": phases, "hung": hung, "kernels_built": len(done),
+    slowest = sorted(((k, v) for k, v in done.items() if v["s"] is not None), key=lambda kv: -kv[1]["s"])[:10]
+    return {"phases": phases, "hung": hung, "failed": failed, "kernels_built": len(done),
             "slowest_kernels": [{"kernel": k[7:], **v} for k, v in slowest]}
 
 
@@ -622,8 +641,8 @@ def _benchmark(row: dict, path: Path, workdir: Path, opts) -> None:
                 row["notes"].append(f"harness: kernel table unavailable: {best.get('info_error')}")
     if row.get("built_ours") and row.get("built_default"):
         row["compile_ratio"] = round(row["compile_s_ours"] / row["compile_s_default"], 2)
-    if not row.get("built_ours") and "timeout" in comp["ours"][-1] and opts.diagnose:
-        log(f"[{row['model']}] ours timed out: per-phase / per-kernel build diagnosis ...")
+    if not row.get("built_ours") and opts.diagnose:
+        log(f"[{row['model']}] ours failed: per-phase / per-kernel build diagnosis ...")
         row["diagnosis_ours"] = diagnose(path, workdir, opts.diagnose_step_timeout)
     info = row.pop("_info", None)
     if info is not None:
@@ -815,7 +834,7 @@ def table(rows: list[dict]) -> str:
         d = r.get("diagnosis_ours")
         if d:
             notes.append(f"  {r['model']}: ours diagnosis: phases {d.get('phases')}; hung {d.get('hung')}; "
-                         f"slowest kernel builds {d.get('slowest_kernels')}")
+                         f"failed {d.get('failed')}; slowest kernel builds {d.get('slowest_kernels')}")
     return "\n".join(out + (["notes:"] + notes if notes else []))
 
 
@@ -838,8 +857,61 @@ def generic_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def family(g: dict) -> str:
+    """A generic kernel's family: its source ops without numbering (consecutive repeats once), a depthwise
+    conv (weight ``C x 1 x kh x kw``) named so."""
+    import re
+
+    ops = []
+    for o in g["ops"]:
+        o = re.sub(r"\d+$", "", o.replace("relax.", ""))
+        if not ops or ops[-1] != o:
+            ops.append(o)
+    shapes = g.get("shapes", "").split()
+    if "conv2d" in ops and len(shapes) > 1 and shapes[1].count("x") == 3 and shapes[1].split("x")[1] == "1":
+        k = shapes[1].split("x")[2:]
+        ops[ops.index("conv2d")] = f"depthwise_conv2d{k[0]}x{k[1]}"
+    return "+".join(ops)
+
+
+def family_table(rows: list[dict]) -> str:
+    fams: dict[str, dict] = {}
+    for r in rows:
+        for g in r.get("generic_kernels", []):
+            f = fams.setdefault(family(g), {"rules": set(), "models": set(), "launches": 0, "ratios": [],
+                                            "shares": []})
+            f["rules"].add(g["rule"])
+            f["models"].add(r["model"])
+            f["launches"] += g["launches"]
+            if (g.get("vs_ort") or {}).get("ratio"):
+                f["ratios"].append(g["vs_ort"]["ratio"])
+            if g.get("share") is not None:
+                f["shares"].append(g["share"])
+    out = ["generic-rule kernel families (ops without numbering): rules, launches over all models, largest share "
+           "of one kernel in its model, ours/ORT on the same ops (min-max over matched kernels), models",
+           f"{'family':48} {'rules':22} {'n':>4} {'max share':>9} {'ours/ORT':>13}  models"]
+    for name, f in sorted(fams.items(), key=lambda kv: -max(kv[1]["shares"] or [0])):
+        ratio = "-" if not f["ratios"] else f"{min(f['ratios']):.1f}-{max(f['ratios']):.1f}"
+        share = "-" if not f["shares"] else f"{100 * max(f['shares']):.1f}%"
+        out.append(f"{name[:48]:48} {','.join(sorted(f['rules']))[:22]:22} {f['launches']:>4} {share:>9} "
+                   f"{ratio:>13}  {', '.join(sorted(f['models']))}")
+    return "\n".join(out)
+
+
+def print_tables(rows: list[dict]) -> None:
+    print(table(rows))
+    print()
+    print(generic_table(rows))
+    print()
+    print(family_table(rows))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--from-json"] and len(argv) == 2:
+        with open(argv[1]) as f:
+            print_tables(json.load(f)["rows"])
+        return 0
     if argv[:1] == ["--worker"] or "--worker" in argv[:1]:
         return worker_main(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -913,9 +985,7 @@ def main(argv=None) -> int:
             with open(opts.json, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
                 f.write("\n")
-    print(table(rows))
-    print()
-    print(generic_table(rows))
+    print_tables(rows)
     print("\nCPU wall-clock on the host, not NPU times; ours/ORT = ratio of minima over alternating rounds of the "
           "natural loop, each runtime in its own process (noisy on a shared machine: see loadavg in the JSON).")
     return 0

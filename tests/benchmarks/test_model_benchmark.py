@@ -152,3 +152,21 @@ def test_a_bad_file_is_one_line(tmp_path):
     bad.write_bytes(b"not a model")
     res = mb.run_job("compile", bad, tmp_path, timeout=120, which="ours")
     assert "error" in res and "\n" not in res["error"] and "not a readable ONNX model" in res["error"]
+
+
+def test_diagnosis_times_phases_and_kernels_and_names_a_hang(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(tiny_model(), str(path))
+    d = mb.diagnose(path, tmp_path, step_timeout=120)
+    assert {"graph_fusion", "ub_fusion", "schedule", "lowering"} <= set(d["phases"])
+    assert d["kernels_built"] >= 3 and not d["hung"] and not d["failed"]
+    assert {k["rule"] for k in d["slowest_kernels"]} >= {"conv2d", "reduction", "matmul"}
+    # nothing answers within 10 ms (the process is still importing TVM): killed, named, not raised
+    hung = mb.diagnose(path, tmp_path, step_timeout=0.01, max_restarts=0)["hung"]
+    assert hung and hung[0]["over_s"] == 0.01
+
+
+def test_family_names_depthwise_convs_and_drops_numbering():
+    g = {"ops": ["conv2d12", "add3", "relax.nn.silu", "silu", "mean2"], "shapes": "1x8x4x4 8x1x5x5 1x8x1x1"}
+    assert mb.family(g) == "depthwise_conv2d5x5+add+nn.silu+silu+mean"
+    assert mb.family({"ops": ["take"], "shapes": "10x4 1x3 1x3x4"}) == "take"
