@@ -784,7 +784,7 @@ def _same_ops_columns(row: dict, rows: list[dict]) -> None:
         by_kernel.setdefault(r["kernel"], []).append(r)
     for g in row.get("generic_kernels", []):
         if g["name"] in by_kernel and g.get("ms_per_call") is not None:
-            g["vs_ort"] = same_ops_summary(g["ms_per_call"], by_kernel[g["name"]])
+            g["vs_ort"] = same_ops_summary(g["ms_per_call"], by_kernel[g["name"]], g["ops"])
     slow = [g for g in row.get("generic_kernels", [])
             if g["rule"] in ("fallback", "unscheduled") and (g.get("vs_ort") or {}).get("ratio")
             and g["vs_ort"]["ratio"] > 2.0]

@@ -27,7 +27,9 @@ folded constants) are never matched, so nodes that compute them in the ONNX grap
 (masks and positions from the ids' shape) are walked back to that input and timed too (listed in the row's
 ops); a (nearly) constant tensor is refused (it would match any other of its size), and tensors of equal
 values (a copy, a reshape) may match the twin: the earliest for outputs, the latest for inputs. Only tensors
-computed from a model input are candidates. Each row says what it matched.
+computed from a model input are candidates. A subgraph with more Conv/MatMul nodes than the kernel has
+convolutions/products (x3: merged sibling projections) is refused by ``profile_kernels.same_ops_summary``
+(an input matched a twin upstream). Each row says what it matched.
 """
 
 from __future__ import annotations

@@ -357,7 +357,7 @@ def profile_model(model, label: str, target: str = "ascend910b", rounds: int = 5
 
     log(f"[{label}] timing each kernel call ...")
     kernels = profile_executable(res.executable, inputs, info, rounds)
-    out = {"workload": label, "compile_s": compile_s, "kernels": kernels,
+    out = {"workload": label, "compile_s": compile_s, "kernels": kernels, "info": info,
            "ours_ms": whole["ours"]["min"] * 1e3, "ort_ms": whole["ort"]["min"] * 1e3,
            "launches": sum(k.calls for k in kernels)}
     if ort_ops:
@@ -407,12 +407,36 @@ def format_profile(p: dict, top: int | None = None) -> str:
                   f"{'ours ms':>8} {'ORT ms':>8} {'ratio':>6}  kernel: matched calls, ONNX ops"]
         by_name = {k.name: k for k in p["kernels"]}
         for name, rows in p["same_ops"].items():
-            lines.append(same_ops_line(by_name[name].ms / by_name[name].calls, rows, name))
+            lines.append(same_ops_line(by_name[name].ms / by_name[name].calls, rows, name,
+                                       p["info"][name]["ops"] if "info" in p else None))
     return "\n".join(lines)
 
 
-def same_ops_summary(ours_ms_per_call: float, rows: list[dict]) -> dict:
-    """Matched calls' mean ORT node time vs ours per call; the ops of the first matched call."""
+_HEAVY_ONNX = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+_HEAVY_RELAX = ("conv1d", "conv2d", "conv3d", "matmul", "dense")
+
+
+def overreach(kernel_ops: list[str], onnx_ops: list[str]) -> str | None:
+    """Why a matched subgraph cannot be the kernel's ops, or None: it holds more convolutions/products than
+    the kernel (up to 3 ONNX products per kernel product: sibling projections are merged into one), which
+    happens when an input matched a tensor of equal values that is not the one the kernel reads."""
+    import re
+
+    ours = sum(1 for o in kernel_ops if re.sub(r"\d+$", "", o.replace("relax.", "")).startswith(_HEAVY_RELAX))
+    theirs = sum(1 for o in onnx_ops if o in _HEAVY_ONNX)
+    if theirs > 3 * ours:
+        return (f"matched subgraph has {theirs} Conv/MatMul nodes for {ours} in the kernel: an input matched "
+                f"a twin tensor upstream")
+    return None
+
+
+def same_ops_summary(ours_ms_per_call: float, rows: list[dict], kernel_ops: list[str] | None = None) -> dict:
+    """Matched calls' mean ORT node time vs ours per call; the ops of the first matched call. With the
+    kernel's source ops, a subgraph that reaches beyond them (``overreach``) does not count as matched."""
+    if kernel_ops is not None:
+        rows = [dict(r, unmatched=why) if "node_ms" in r and (why := overreach(kernel_ops, r["onnx_ops"]))
+                else r for r in rows]
+        rows = [{k: v for k, v in r.items() if k not in ("node_ms",)} if "unmatched" in r else r for r in rows]
     matched = [r for r in rows if "node_ms" in r]
     if not matched:
         return {"ort_ms_per_call": None, "ratio": None, "matched": 0, "captured": len(rows),
@@ -423,8 +447,8 @@ def same_ops_summary(ours_ms_per_call: float, rows: list[dict]) -> dict:
             "onnx_ops": matched[0]["onnx_ops"], "ort_nodes": matched[0]["ort_nodes"]}
 
 
-def same_ops_line(ours_ms_per_call: float, rows: list[dict], name: str) -> str:
-    s = same_ops_summary(ours_ms_per_call, rows)
+def same_ops_line(ours_ms_per_call: float, rows: list[dict], name: str, kernel_ops=None) -> str:
+    s = same_ops_summary(ours_ms_per_call, rows, kernel_ops)
     if s["ort_ms_per_call"] is None:
         return f"{ours_ms_per_call:8.3f} {'-':>8} {'-':>6}  {name}: unmatched ({s['why']})"
     ratio = f"{s['ratio']:6.2f}" if s["ratio"] else "     -"

@@ -170,3 +170,13 @@ def test_family_names_depthwise_convs_and_drops_numbering():
     g = {"ops": ["conv2d12", "add3", "relax.nn.silu", "silu", "mean2"], "shapes": "1x8x4x4 8x1x5x5 1x8x1x1"}
     assert mb.family(g) == "depthwise_conv2d5x5+add+nn.silu+silu+mean"
     assert mb.family({"ops": ["take"], "shapes": "10x4 1x3 1x3x4"}) == "take"
+
+
+def test_a_subgraph_reaching_past_the_kernel_is_refused():
+    assert pk.overreach(["concatenate4"], ["Concat"]) is None
+    assert pk.overreach(["matmul2", "add"], ["MatMul", "MatMul", "MatMul", "Add"]) is None   # merged Q|K|V
+    assert "2 Conv/MatMul nodes for 0" in pk.overreach(["concatenate4"], ["Conv", "Relu", "Conv", "Concat"])
+    rows = [{"kernel": "k", "node_ms": 1.0, "wall_ms": 1.2, "onnx_ops": ["Conv", "Concat"], "ort_nodes": []}]
+    assert pk.same_ops_summary(0.5, rows)["ratio"] == 0.5
+    s = pk.same_ops_summary(0.5, rows, kernel_ops=["concatenate"])
+    assert s["ratio"] is None and s["matched"] == 0 and "twin" in s["why"]
