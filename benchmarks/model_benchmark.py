@@ -859,7 +859,7 @@ def generic_table(rows: list[dict]) -> str:
 
 def family(g: dict) -> str:
     """A generic kernel's family: its source ops without numbering (consecutive repeats once), a depthwise
-    conv (weight ``C x 1 x kh x kw``) named so."""
+    conv (weight ``C x 1 x kh x kw``) or grouped conv (weight channels below the data's) named so."""
     import re
 
     ops = []
@@ -868,9 +868,12 @@ def family(g: dict) -> str:
         if not ops or ops[-1] != o:
             ops.append(o)
     shapes = g.get("shapes", "").split()
-    if "conv2d" in ops and len(shapes) > 1 and shapes[1].count("x") == 3 and shapes[1].split("x")[1] == "1":
-        k = shapes[1].split("x")[2:]
-        ops[ops.index("conv2d")] = f"depthwise_conv2d{k[0]}x{k[1]}"
+    if "conv2d" in ops and len(shapes) > 1 and shapes[0].count("x") == 3 and shapes[1].count("x") == 3:
+        data, weight = shapes[0].split("x"), shapes[1].split("x")
+        if weight[1] == "1" and data[1] != "1":
+            ops[ops.index("conv2d")] = f"depthwise_conv2d{weight[2]}x{weight[3]}"
+        elif weight[1] != data[1]:
+            ops[ops.index("conv2d")] = f"grouped_conv2d{weight[2]}x{weight[3]}"
     return "+".join(ops)
 
 

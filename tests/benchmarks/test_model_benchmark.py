@@ -170,6 +170,8 @@ def test_family_names_depthwise_convs_and_drops_numbering():
     g = {"ops": ["conv2d12", "add3", "relax.nn.silu", "silu", "mean2"], "shapes": "1x8x4x4 8x1x5x5 1x8x1x1"}
     assert mb.family(g) == "depthwise_conv2d5x5+add+nn.silu+silu+mean"
     assert mb.family({"ops": ["take"], "shapes": "10x4 1x3 1x3x4"}) == "take"
+    assert mb.family({"ops": ["conv2d3", "relu"], "shapes": "1x64x8x8 64x16x3x3 1x64x8x8"}) == "grouped_conv2d3x3+relu"
+    assert mb.family({"ops": ["conv2d3"], "shapes": "1x64x8x8 32x64x1x1 1x32x8x8"}) == "conv2d"
 
 
 def test_a_subgraph_reaching_past_the_kernel_is_refused():
