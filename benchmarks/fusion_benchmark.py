@@ -114,8 +114,13 @@ def compile_ours(mod: tvm.IRModule, target: str):
 # ---------------------------------------------------------------------------------------------------------
 # Runners: each is a zero-argument callable doing one inference; ``output()`` returns the last result
 
+def _inputs(x) -> list[np.ndarray]:
+    """One input array, or a list of them in the model's input order."""
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
 class OrtRunner:
-    def __init__(self, model: onnx.ModelProto, x: np.ndarray):
+    def __init__(self, model: onnx.ModelProto, x):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -123,7 +128,8 @@ class OrtRunner:
         so.intra_op_num_threads = ORT_THREADS
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         self.io = self.sess.io_binding()
-        self.io.bind_ortvalue_input(self.sess.get_inputs()[0].name, ort.OrtValue.ortvalue_from_numpy(x))
+        for inp, a in zip(self.sess.get_inputs(), _inputs(x)):
+            self.io.bind_ortvalue_input(inp.name, ort.OrtValue.ortvalue_from_numpy(a))
         self.io.bind_output(self.sess.get_outputs()[0].name)
 
     def __call__(self):
@@ -134,14 +140,14 @@ class OrtRunner:
 
 
 class VMRunner:
-    def __init__(self, executable, x: np.ndarray):
+    def __init__(self, executable, x):
         self.vm = relax.VirtualMachine(executable, tvm.cpu())
         self.fn = self.vm["main"]
-        self.x = tvm.runtime.tensor(x)
+        self.x = [tvm.runtime.tensor(a) for a in _inputs(x)]
         self.last = None
 
     def __call__(self):
-        self.last = self.fn(self.x)
+        self.last = self.fn(*self.x)
 
     def output(self) -> np.ndarray:
         return self.last.numpy()
