@@ -26,18 +26,17 @@ from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
 from .reduction import GemmNormRule, ReductionRule, reduction_kinds
-from .tuned import TunedRecordRule, open_database, records_dir
+from .tuned import tuned_rules
 
 # Most specific first. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
 DEFAULT_RULES = (AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule, PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
-def default_rules(target: AscendTarget) -> list:
-    """Tuned records for this target first (when ``schedules/<target>/`` holds a database), then the rules."""
-    folder = records_dir(target.name)
-    tuned = [TunedRecordRule(open_database(folder))] if folder is not None else []
-    return tuned + _rule_instances(DEFAULT_RULES)
+def default_rules(target: AscendTarget, host=None) -> list:
+    """Tuned records for this target and host CPU first (when ``schedules/<target>/<cpu>/`` holds a database),
+    then the rules."""
+    return tuned_rules(target.name, host)[0] + _rule_instances(DEFAULT_RULES)
 
 
 def product_blocks(func: tirx.PrimFunc) -> int:
@@ -72,17 +71,25 @@ class ApplyUBSchedules(PyPass):
         self.target = get_target(target) if not isinstance(target, AscendTarget) else target
         self.report = report
         self.host = host
-        self.rules = _rule_instances(rules if rules is not None else default_rules(self.target))
+        # without rules given: the records for the host CPU, looked up when the host is known (transform)
+        self.rules = _rule_instances(rules) if rules is not None else None
+        self.tuning: dict = {}   # what the report's ``tuning`` section says about the records
 
     def pass_name(self) -> str:
         return "AscendApplyUBSchedules"
+
+    def _rules(self, host) -> list:
+        if self.rules is None:
+            tuned, self.tuning = tuned_rules(self.target.name, host)
+            self.rules = tuned + _rule_instances(DEFAULT_RULES)
+        return self.rules
 
     def schedule_one(self, name: str, func: tirx.PrimFunc, host):
         """(new function, rule name, notes) for one kernel; the function is unchanged when no rule fits."""
         notes = []
         prepared = use_fast_math(normalize_scope_aliases(func))
         products = product_blocks(prepared)
-        for rule in self.rules:
+        for rule in self._rules(host):
             if products < getattr(rule, "min_products", 0):
                 continue
             try:
@@ -121,6 +128,9 @@ class ApplyUBSchedules(PyPass):
             if rule is not None:
                 mod[gv] = new
         if self.report is not None:
+            if self.tuning:
+                applied = sum(rule == "tuned" for rule in chosen.values())
+                self.report.sections["tuning"] = {**self.tuning, "kernels_tuned": applied}
             self.report.sections.setdefault("schedules", {}).update(chosen)
             if all_notes:
                 self.report.sections.setdefault("schedule_notes", {}).update(all_notes)

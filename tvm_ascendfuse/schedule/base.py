@@ -23,6 +23,12 @@ class ScheduleRule:
 
     name = "rule"
     min_products = 0    # GEMM-like blocks a kernel needs before the rule is worth trying (apply.py checks)
+    # A tunable rule (``ascendfuse tune`` searches it; ``tunable.py``) takes a ``tiles`` chooser in its
+    # constructor, calls ``tiles(sch, default, candidates)`` once where it fixes its tiles (``default``: its own
+    # choice; ``candidates()``: every choice that passes its capacity check, the default first, hashable and
+    # printable) and uses what it returns, and schedules a given traced schedule in place with
+    # ``schedule(sch, target, host)``.
+    tunable = False
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
         raise NotImplementedError

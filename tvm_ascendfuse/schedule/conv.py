@@ -189,6 +189,7 @@ class Conv2dRule(ScheduleRule):
     """NCHW conv2d + epilogue, register-blocked and UB-tiled (see module docstring)."""
 
     name = "conv2d"
+    tunable = True      # register block and output-row blocks: ``tiles`` chooser (base.ScheduleRule)
 
     def __init__(self, prepack: bool = True, channel_chunk: int | None = 0, nchwc_min_ic: int | None = None,
                  nchwc_min_plane: int = 2048, plane_chunks: bool = True,
