@@ -71,7 +71,8 @@ class FakeMeasure:
         pass
 
 
-def make_run(tmp_path, widths, untuned_us_by_index, trials=4, budget=None, batch=2, fail=lambda i: False):
+def make_run(tmp_path, widths, untuned_us_by_index, trials=4, budget=None, batch=2, fail=lambda i: False,
+             finalists=3):
     found = extract_kernels(import_onnx(mlp(widths)), NPU, HOST, NO_CHAIN)
     untuned = {k.key: us for k, us in zip(found, untuned_us_by_index)}
     clock = Clock()
@@ -79,7 +80,7 @@ def make_run(tmp_path, widths, untuned_us_by_index, trials=4, budget=None, batch
     (tmp_path / "db").mkdir(parents=True, exist_ok=True)
     database = open_database(tmp_path / "db", allow_missing=True)
     run = TuningRun(NPU, HOST, select_kernels(found, None), found, database, WorkDir(tmp_path / "work"), measure,
-                    trials, Budget(budget, clock=clock), batch=batch, finalists=3, rounds=1)
+                    trials, Budget(budget, clock=clock), batch=batch, finalists=finalists, rounds=1)
     return run, found, measure, clock
 
 
@@ -117,19 +118,31 @@ def test_a_whole_run_records_per_kernel_only_what_beats_the_default_and_a_rerun_
 
 
 def test_the_budget_goes_by_share_and_a_kernel_it_cannot_reach_is_left_for_a_rerun(tmp_path):
-    # each candidate costs one second; the untuned kernels take 2 s to time, so 18 s are left to tune
-    run, found, measure, clock = make_run(tmp_path / "a", [32, 48, 24], [10.0, 30.0], trials=None, budget=20.0)
+    # each candidate costs one second (batches of 2, a check of 2); timing the untuned kernels takes 2 s,
+    # so 18 s are left: the first kernel (3/4 of the run time) may search until 2 + 13.5 s, the second gets
+    # what is left after the first's check
+    run, found, measure, clock = make_run(tmp_path / "a", [32, 48, 24], [10.0, 30.0], trials=None, budget=20.0,
+                                          finalists=1)
     first, second = run.run()
     assert first.name == found[1].name and first.share == pytest.approx(0.75)
-    assert first.trials > second.trials >= 2                                   # one batch at least once started
+    assert (first.trials, second.trials) == (10, 4)
     assert "budget cut its search" in first.note and "budget cut its search" in second.note
     assert all(r.status == "tuned" for r in (first, second))
-    assert clock.t <= 20.0 + 2 * 2 + 4                                          # past it by a batch and a check
+    assert clock.t == pytest.approx(20.0)
 
-    run, found, measure, clock = make_run(tmp_path / "b", [32, 48, 24], [10.0, 30.0], trials=None, budget=5.0)
+    # 3 s to tune: the first kernel takes 4 s (a batch and its check), the second is not started
+    run, found, measure, clock = make_run(tmp_path / "b", [32, 48, 24], [10.0, 30.0], trials=None, budget=5.0,
+                                          finalists=1)
     first, second = run.run()
     assert first.status == "tuned" and second.status == "not reached" and second.trials == 0
-    assert "a rerun resumes it" in second.note
+    assert "a rerun resumes it" in second.note and clock.t == pytest.approx(6.0)
+
+    # 2 s of 8 left after the first kernel, which took 4: the second is not started to overrun the budget
+    run, found, measure, clock = make_run(tmp_path / "c", [32, 48, 24], [10.0, 30.0], trials=None, budget=8.0,
+                                          finalists=1)
+    first, second = run.run()
+    assert clock.t == pytest.approx(6.0) and run.least_kernel_seconds == pytest.approx(4.0)
+    assert first.status == "tuned" and second.status == "not reached"
 
 
 def test_without_trials_a_long_budget_measures_each_candidate_once(tmp_path):

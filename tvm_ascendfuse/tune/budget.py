@@ -3,7 +3,8 @@
 Kernels are tuned in order of their share of the model's run time. When a kernel starts, it is given the
 remaining time times its share of what the kernels still to come account for: time a kernel leaves unused
 flows to the ones after it. The last batch of a kernel and its side-by-side check may run past its slice;
-once the whole budget is gone no further kernel is started (a later run with the same work dir resumes them).
+no further kernel is started once the budget left is less than the least any kernel of the run took for one
+batch and its check (a later run with the same work dir resumes them).
 """
 
 from __future__ import annotations

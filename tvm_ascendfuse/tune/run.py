@@ -55,14 +55,15 @@ class TuneSummary:
 
     def table(self) -> str:
         fmt = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
-        rows = [f"{'kernel':40s} {'rule':8s} {'share':>6s} {'trials':>6s} {'lost':>4s} {'default us':>11s} "
+        w = min(64, max([6] + [len(r.name) for r in self.results]))
+        rows = [f"{'kernel':{w}s} {'rule':8s} {'share':>6s} {'trials':>6s} {'lost':>4s} {'default us':>11s} "
                 f"{'tuned us':>9s}  best tiles / status"]
         for r in self.results:
             share = f"{100 * r.share:5.1f}%" if r.share is not None else "     -"
             what = r.best_tiles if r.status == "tuned" else r.status
             if r.note:
                 what = f"{what} ({r.note})" if what else r.note
-            rows.append(f"{r.name[:40]:40s} {r.rule:8s} {share:>6s} {r.trials:6d} {r.lost:4d} "
+            rows.append(f"{r.name[:w]:{w}s} {r.rule:8s} {share:>6s} {r.trials:6d} {r.lost:4d} "
                         f"{fmt(r.default_us):>11s} {fmt(r.best_us):>9s}  {what}")
         now, total = sum(r.trials_now for r in self.results), sum(r.trials for r in self.results)
         where = f"through the RPC tracker ({self.rpc})" if self.rpc else "on this machine"
@@ -91,6 +92,9 @@ class TuningRun:
         self.bar = bar
         self._log = log
         self.shares: dict[str, float | None] = {}
+        # the least a kernel took for one batch and its side-by-side check: with less budget left, starting
+        # another kernel would only overrun it
+        self.least_kernel_seconds = 0.0
 
     def say(self, text: str) -> None:
         if self._log is not None:
@@ -143,7 +147,8 @@ class TuningRun:
             result.trials, result.lost = state["measured"], state["failed"]
             if kernel.key in done:
                 result.status = "already tuned"
-            elif self.budget.expired():
+            elif self.budget.expired() or (self.budget.deadline is not None
+                                           and self.budget.remaining() < self.least_kernel_seconds):
                 result.status = "not reached"
                 result.note = "budget spent; a rerun resumes it"
             else:
@@ -162,8 +167,12 @@ class TuningRun:
             self.bar.update(min(state["measured"], self.trials or state["measured"]))
 
         untuned = (self.work.profile().get(kernel.key) or {}).get("us")
+        clock = self.budget.clock
+        started, first_batch = clock(), []
 
         def on_batch(st, n, best):
+            if not first_batch:
+                first_batch.append(clock() - started)
             self.work.save_state(kernel, st)
             if self.bar is not None:
                 self.bar.update(n)
@@ -183,8 +192,12 @@ class TuningRun:
             result.status = "failed"
             result.note = f"none of {outcome.measured} candidates could be measured ({outcome.first_error})"
             return
+        checked = clock()
         why = confirm_kernel(kernel, self.npu, self.host, searched, self.database, self.measure, self.finalists,
                              self.rounds)
+        if first_batch:
+            least = first_batch[0] + clock() - checked
+            self.least_kernel_seconds = min(self.least_kernel_seconds, least) if self.least_kernel_seconds else least
         if why is not None:
             result.status, result.note = "failed", why
             return
