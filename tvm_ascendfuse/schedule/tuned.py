@@ -17,7 +17,6 @@ from pathlib import Path
 
 import tvm
 
-from ..errors import AscendFuseError
 from .base import Declined, ScheduleRule, Scheduled
 
 SCHEDULES_ENV = "ASCENDFUSE_SCHEDULES"
