@@ -46,6 +46,8 @@ MATMUL_SIBLING_MERGE = "MatMulSiblingMergeFusionPass"
 RMS_NORM = "RMSNormFusionPass"
 SOFTMAX = "SoftmaxFusionPass"
 SWISH = "SwishFusionPass"
+SDPA_ATTENTION = "ScaledDotProductAttentionFusionPass"
+TRANSPOSE_CHAIN = "TransposeChainFusionPass"
 # UB fusion: pattern families (patterns/)
 TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
 TBE_MATMUL_ELEMWISE = "TbeMatmulElemwiseFusionPass"
@@ -80,6 +82,10 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(RMS_NORM, GRAPH_FUSION, "recognise x * rsqrt(mean(x^2) + eps) * gamma as rms_norm"),
     SwitchInfo(SOFTMAX, GRAPH_FUSION, "recognise exp(x - max) / sum(exp(...)) as softmax"),
     SwitchInfo(SWISH, GRAPH_FUSION, "recognise x * sigmoid(x) as silu"),
+    SwitchInfo(SDPA_ATTENTION, GRAPH_FUSION,
+               "write one-op attention (PyTorch SDPA) as Q.K^T, scale, mask, softmax, .V so the attention "
+               "kernels fuse it with its projections"),
+    SwitchInfo(TRANSPOSE_CHAIN, GRAPH_FUSION, "collapse consecutive transposes (permute_dims) into one, or none"),
     SwitchInfo(TBE_CONV_ELEMWISE, UB_FUSION,
                "conv2d + bias/batch_norm + activation (+ residual add) as one kernel: the epilogue runs on the "
                "cube's output block in UB"),
