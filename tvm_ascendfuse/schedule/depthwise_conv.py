@@ -33,13 +33,13 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import s_tir, sym, tirx
 
 from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import LOAD, GroupedConvBlock, has_reduce, match_depthwise_conv2d
-from .base import UB_SCOPE, ScheduleRule, Scheduled
-from .common import as_target, extent, ok, root_blocks, still_exists, try_, vectorize_inner, writes_as_many
+from .base import UB_SCOPE, Declined, ScheduleRule, Scheduled
+from .common import as_target, extent, ok, root_blocks, still_exists, try_, vectorize_inner
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
@@ -126,38 +126,44 @@ class DepthwiseConv2dRule(ScheduleRule):
         self.transpose_load = transpose_load
         self.prepack = prepack
 
-    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | Declined | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
         sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
         blocks = list(root_blocks(sch))
         reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
-        if len(reductions) != 1:
-            return None            # an SE block's mean (or any other reduction) in the kernel: not this rule's
-        ci = reductions[0]
-        info = match_depthwise_conv2d(sch, blocks[ci])
-        if info is None:
+        found = [i for i in reductions if match_depthwise_conv2d(sch, blocks[i]) is not None]
+        if not found:
             return None
-        return self._schedule(sch, blocks, ci, info, as_target(target), host_vector(host))
+        if len(reductions) != 1:
+            others = [sch.get(blocks[i]).name_hint for i in reductions if i != found[0]]
+            return Declined(f"the depthwise conv shares the kernel with other reductions ({', '.join(others)}; "
+                            "e.g. an SE block's global mean): only injective ops may surround it")
+        ci = found[0]
+        return self._schedule(sch, blocks, ci, match_depthwise_conv2d(sch, blocks[ci]), as_target(target),
+                              host_vector(host))
 
     def _schedule(self, sch, blocks, ci, info: GroupedConvBlock, target, hv: HostVector):
         conv = info.block
         stage = _prologue(sch, blocks[:ci], conv, info)
         if stage is None:
-            return None
+            return Declined("the conv's input is not a block of the kernel, or a block in front of it cannot be "
+                            "inlined into the staged input rows")
         epilogue = _epilogue(sch, blocks[ci + 1:], conv)
         if epilogue is None:
-            return None
+            return Declined("an epilogue block cannot run per output tile (it changes the shape, selects by "
+                            "index like a concat, or is an intermediate the kernel also outputs)")
         layout = _output_layout(sch, epilogue[-1], sch.get(conv).writes[0].source)
         n, f, y, x, rc, ry, rx = sch.get_loops(conv)
         channels, oh, ow = extent(sch, f), extent(sch, y), extent(sch, x)
         padded = [extent_of(d) for d in sch.get(stage).writes[0].source.ty.shape]
         if None in (channels, oh, ow) or None in padded[1:]:
-            return None
-        npu = target
-        t = choose_depthwise_tiles(channels, oh, ow, padded[3], extent(sch, n), info, hv, npu)
+            return Declined("symbolic channels or plane size (only the batch may be symbolic)")
+        t = choose_depthwise_tiles(channels, oh, ow, padded[3], extent(sch, n), info, hv, target)
         if t is None:
-            return None
+            one = stage_bytes(1, info, padded[3], _lanes(channels, info.out_dtype, hv), _columns(ow),
+                              dtype_bytes(info.out_dtype), target)
+            return Declined(f"the tile of one output row needs {one} B of UB, usable {target.ub_usable} B")
         vl = t.vl
         f0, f1 = sch.split(f, [None, vl])
         y0, y1 = sch.split(y, [None, t.rows])
@@ -255,7 +261,7 @@ def _epilogue(sch, epi, conv):
     tile (a concat, a shape change) or stay out of the last block (an intermediate the kernel also
     outputs). An empty epilogue gets a copy (the conv's result reaches GM through it)."""
     out_shape = sch.get(conv).writes[0].source.ty.shape
-    if not all(writes_as_many(sch, b, out_shape) and not _selects_by_iterator(sch, b) for b in epi):
+    if not all(_writes_as_many(sch, b, out_shape) and not _selects_by_iterator(sch, b) for b in epi):
         return None
     if not epi:
         return [sch.cache_write(conv, 0, "global")]
@@ -264,6 +270,20 @@ def _epilogue(sch, epi, conv):
         if not ok(sch.compute_inline, b):
             return None
     return [last] if still_exists(sch, last) else None
+
+
+def _writes_as_many(sch, block, shape) -> bool:
+    """``common.writes_as_many`` that also proves it for a symbolic batch: the element counts are equal
+    expressions."""
+    def count(dims):
+        n = tirx.IntImm("int64", 1)
+        for d in dims:
+            n = n * (d if str(d.ty.dtype) == "int64" else tirx.Cast("int64", d))
+        return n
+
+    ana = sym.Analyzer()
+    want = count(shape)
+    return all(ana.can_prove_equal(count(w.source.ty.shape), want) for w in sch.get(block).writes)
 
 
 def _selects_by_iterator(sch, block) -> bool:

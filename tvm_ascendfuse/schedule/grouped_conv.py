@@ -21,7 +21,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .analysis import has_reduce, match_grouped_conv2d
-from .base import ScheduleRule, Scheduled
+from .base import Declined, ScheduleRule, Scheduled
 from .common import as_target, extent, root_blocks
 from .conv_schedule import ConvChoice, ConvOptions, choose_conv_tiles, schedule_conv2d
 from .fast_math import use_fast_math
@@ -33,22 +33,25 @@ class GroupedConv2dRule(ScheduleRule):
 
     name = "grouped-conv2d"
 
-    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | Declined | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
         sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
         blocks = list(root_blocks(sch))
         reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
-        if len(reductions) != 1:
-            return None            # e.g. an SE block's global mean in the same kernel: not this rule's
-        ci = reductions[0]
-        info = match_grouped_conv2d(sch, blocks[ci])
-        if info is None or info.depthwise or info.out_per_group < 2:
+        found = [(i, g) for i, g in ((i, match_grouped_conv2d(sch, blocks[i])) for i in reductions)
+                 if g is not None and g.out_per_group >= 2]
+        if not found:
             return None
+        ci, info = found[0]
+        if len(reductions) != 1:
+            others = [sch.get(blocks[i]).name_hint for i in reductions if i != ci]
+            return Declined(f"the grouped conv shares the kernel with other reductions ({', '.join(others)}; "
+                            "e.g. an SE block's global mean): only injective ops may surround it")
         loops = sch.get_loops(blocks[ci])
         ow = extent(sch, loops[3])
         if ow is None or extent(sch, loops[1]) is None:
-            return None
+            return Declined("symbolic output channels or width (only the batch may be symbolic)")
         hv = host_vector(host)
         npu = as_target(target)
         tiles = choose_conv_tiles(info.out_per_group, ow, info.out_dtype, hv, npu, columns_first=info.kernel[1] > 1)

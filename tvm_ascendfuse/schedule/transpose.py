@@ -439,7 +439,9 @@ def _transposed_copy(realize, c_var, w_var, lanes, cols, sym, tirx, s_tir):
     for ch in range(lanes):
         v = tirx.BufferLoad(load.source, moved(moved(src[2], src[0], ch), src[1], 0, cols))
         if cols < IN_COLS:
-            v = tirx.Shuffle([v, v], [tirx.IntImm("int32", min(k, cols - 1)) for k in range(IN_COLS)])
+            # repeat the load: a Shuffle's operands must hold at least as many lanes as it returns
+            v = tirx.Shuffle([v] * -(-IN_COLS // cols),
+                             [tirx.IntImm("int32", min(k, cols - 1)) for k in range(IN_COLS)])
         rows.append(v)
     vals, outs = in_transpose_lanes(lanes, IN_COLS)
     env = list(rows)
