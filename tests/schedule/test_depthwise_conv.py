@@ -2,8 +2,9 @@
 EfficientNet and ConvNeXt run (3x3 / 5x5 / 7x7, stride 1 and 2) and odd ones (channel counts that are not a
 multiple of the vector, odd sizes, asymmetric padding, dilation, batch 2, symbolic batch, fp16), with each
 epilogue real models put after it (folded-BN bias, ReLU, ReLU6 as clip and as max+min, hardswish, SiLU,
-residual add, the transpose to channels-last, none); the register transposes on both sides (used, and
-exact); UB within capacity; what it must decline, with the reason in the report."""
+residual add, the transpose to channels-last, none) and with an SE block's pool of its output in the same
+kernel; the register transposes on both sides (used, and exact); UB within capacity; what it must decline,
+with the reason in the report."""
 
 from __future__ import annotations
 
@@ -186,16 +187,40 @@ def test_ub_bytes_within_capacity(preset, xs, k, stride):
     assert not usage.symbolic("local.UB")
 
 
+def se_pool(groups, act=op.nn.silu, axis=(2, 3), keep_output=True, reduce=op.mean):
+    """conv + bias + activation, then a reduction of its output in the same kernel (the grouping puts an SE
+    block's global mean there); ``axis`` (1,) is a channel mean, not a pool over the planes."""
+    def build(x, w, b):
+        y = act(op.add(op.nn.conv2d(x, w, groups=groups, padding=[1] * 4), b))
+        m = reduce(y, axis=list(axis), keepdims=True)
+        return relax.Tuple([y, m]) if keep_output else m
+    return build
+
+
+@pytest.mark.parametrize("xs, act, keep, reduce", [
+    ((1, 32, 16, 16), op.nn.silu, True, op.mean),       # 256 a plane: 16-lane partial sums
+    ((1, 48, 14, 14), op.nn.relu, True, op.mean),       # 196: 4-lane partial sums
+    ((1, 40, 7, 7), op.nn.silu, True, op.mean),         # 49: scalar
+    ((2, 24, 10, 10), op.nn.silu, True, op.max),        # batch 2, a max over the plane
+    ((1, 5, 9, 9), op.nn.relu, True, op.mean),          # odd channels
+    ((1, 32, 12, 12), op.nn.silu, False, op.mean),      # the conv's output is not a kernel output
+])
+@pytest.mark.parametrize("host", [NATIVE, HOST], ids=["native", "portable"])
+def test_se_pool_after_the_conv(xs, act, keep, reduce, host):
+    """EfficientNet / MobileNetV3: the depthwise conv's output and its mean over the plane in one kernel; the
+    conv keeps its schedule and the pool runs after it."""
+    c = xs[1]
+    func = fused_kernel(se_pool(c, act, keep_output=keep, reduce=reduce), [xs, (c, 1, 3, 3), (1, c, 1, 1)])
+    _, note = check_rule(DepthwiseConv2dRule(), func.with_attr("layout_free_buffers", [1]), host=host,
+                         with_note=True)
+    assert note.startswith("depthwise-conv2d: packed") and "plane pool after it" in note
+
+
 def test_declines_with_reasons():
     rule = DepthwiseConv2dRule()
-
-    def se_mean(x, w, b):      # EfficientNet: depthwise conv + SiLU + the SE block's global mean, one kernel
-        y = op.nn.silu(op.add(op.nn.conv2d(x, w, groups=16, padding=[1] * 4), b))
-        return relax.Tuple([y, op.mean(y, axis=[2, 3], keepdims=True)])
-
-    with_mean = fused_kernel(se_mean, [(1, 16, 8, 8), (16, 1, 3, 3), (1, 16, 1, 1)])
-    result = rule.apply_with_note(with_mean, NPU, NATIVE)
-    assert isinstance(result, Declined) and "other reductions" in result.reason
+    shapes = [(1, 16, 8, 8), (16, 1, 3, 3), (1, 16, 1, 1)]
+    result = rule.apply_with_note(fused_kernel(se_pool(16, axis=(1,)), shapes), NPU, NATIVE)
+    assert isinstance(result, Declined) and "not a pool over whole planes" in result.reason
 
     def concat(x, w, other):    # an epilogue that is not per output tile
         return op.concat([op.nn.conv2d(x, w, groups=8, padding=[1] * 4), other], axis=1)
@@ -216,18 +241,16 @@ def test_declines_with_reasons():
         assert rule.apply_with_note(func, NPU, NATIVE) is None
 
 
-def test_se_mean_kernel_reason_reaches_the_report():
-    """Through the schedule phase: the kernel goes to another rule and the report says why this one declined."""
+def test_decline_reason_reaches_the_report():
+    """Through the schedule phase: a kernel with a channel mean goes to another rule and the report says why
+    this one declined."""
     from tvm_ascendfuse.report import FusionReport
     from tvm_ascendfuse.schedule.apply import ApplyUBSchedules
 
-    def se_mean(x, w, b):
-        y = op.nn.relu(op.add(op.nn.conv2d(x, w, groups=16, padding=[1] * 4), b))
-        return relax.Tuple([y, op.mean(y, axis=[2, 3], keepdims=True)])
-
-    func = fused_kernel(se_mean, [(1, 16, 8, 8), (16, 1, 3, 3), (1, 16, 1, 1)]).with_attr("global_symbol", "k")
+    func = fused_kernel(se_pool(16, op.nn.relu, axis=(1,)), [(1, 16, 8, 8), (16, 1, 3, 3), (1, 16, 1, 1)])
+    func = func.with_attr("global_symbol", "k")
     report = FusionReport()
     ApplyUBSchedules(NPU, report, HOST)(tvm.IRModule({tvm.ir.GlobalVar("k"): func}))
     assert report.sections["schedules"]["k"] != "depthwise-conv2d"
-    assert any(n.startswith("depthwise-conv2d: the depthwise conv shares the kernel")
+    assert any(n.startswith("depthwise-conv2d: the depthwise conv shares the kernel with a reduction after")
                for n in report.sections["schedule_notes"]["k"])

@@ -1,18 +1,20 @@
 """GroupedConv2dRule: numbers equal to the unscheduled kernel for grouped convs of the shapes RegNet and ResNeXt
 run (16 channels a group, and 4 / 8 / 32), odd channel counts and sizes, strides 1/2, asymmetric padding,
-dilation, 1x1, batch 2, symbolic batch, fp16; register block inside one group; depthwise convs, plain convs
-and a grouped conv with a reduction after it (an SE block's mean) declined."""
+dilation, 1x1, batch 2, symbolic batch, fp16; register block inside one group; an SE block's pool of the
+conv's output in the same kernel; depthwise convs, plain convs and a grouped conv with a channel mean after it
+declined."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
-from tvm import tirx
+from tvm import relax, tirx
 from tvm.relax import op
 
 from tests.schedule.kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.base import Declined
 from tvm_ascendfuse.schedule.grouped_conv import GroupedConv2dRule
 
 
@@ -78,23 +80,37 @@ def test_ub_within_capacity():
     assert 0 < usage.bytes("local.UB") <= NPU.ub_usable
 
 
+def se_pool(groups, axis=(2, 3), keep_output=True):
+    def build(x, w, b):           # RegNet-Y: grouped conv + ReLU, and the SE block's mean of it, one kernel
+        y = op.nn.relu(op.add(op.nn.conv2d(x, w, groups=groups, padding=[1] * 4), b))
+        m = op.mean(y, axis=list(axis), keepdims=True)
+        return relax.Tuple([y, m]) if keep_output else m
+    return build
+
+
+@pytest.mark.parametrize("xs, ws, groups, keep", [
+    ((1, 64, 16, 16), (64, 16, 3, 3), 4, True),     # 256 a plane: 16-lane partial sums
+    ((1, 48, 14, 14), (48, 16, 3, 3), 3, True),     # 196: 4-lane partial sums
+    ((1, 32, 7, 7), (32, 8, 3, 3), 4, True),        # 49: scalar
+    ((2, 30, 9, 9), (30, 6, 3, 3), 5, False),       # batch 2, odd group width, the conv output stays inside
+])
+@pytest.mark.parametrize("host", [NATIVE, HOST], ids=["native", "portable"])
+def test_se_pool_after_the_conv(xs, ws, groups, keep, host):
+    func = fused_kernel(se_pool(groups, keep_output=keep), [xs, ws, (1, ws[0], 1, 1)])
+    _, note = check_rule(GroupedConv2dRule(), func.with_attr("layout_free_buffers", [1]), host=host,
+                         with_note=True)
+    assert note.startswith("grouped-conv2d") and "plane pool after it" in note
+
+
 def test_declines_what_is_not_a_grouped_conv():
     rule = GroupedConv2dRule()
     depthwise = fused_kernel(lambda x, w: op.nn.conv2d(x, w, groups=8, padding=[1] * 4), [(1, 8, 6, 6), (8, 1, 3, 3)])
     dense = fused_kernel(lambda x, w: op.nn.conv2d(x, w, padding=[1] * 4), [(1, 8, 6, 6), (8, 8, 3, 3)])
-
-    def se_mean(x, w, b):            # RegNet's grouped conv + ReLU + the SE block's global mean, one kernel
-        y = op.nn.relu(op.add(op.nn.conv2d(x, w, groups=4, padding=[1] * 4), b))
-        return relax_tuple(y, op.mean(y, axis=[2, 3], keepdims=True))
-
-    from tvm.relax import Tuple as relax_tuple_cls
-
-    def relax_tuple(*xs):
-        return relax_tuple_cls(list(xs))
-
-    with_mean = fused_kernel(se_mean, [(1, 32, 8, 8), (32, 8, 3, 3), (1, 32, 1, 1)])
-    for func in (depthwise, dense, with_mean):
+    for func in (depthwise, dense):
         assert rule.apply(func, NPU, NATIVE) is None
+    channel_mean = fused_kernel(se_pool(4, axis=(1,)), [(1, 32, 8, 8), (32, 8, 3, 3), (1, 32, 1, 1)])
+    result = rule.apply_with_note(channel_mean, NPU, NATIVE)
+    assert isinstance(result, Declined) and "not a pool over whole planes" in result.reason
 
 
 def test_channel_multiplier():

@@ -4,8 +4,9 @@ Recognised from the blocks (``analysis.match_depthwise_conv2d``): the kernel's o
 ``C[n, f, y, x] += D[n, f + rc, y*s + ry*d, x*s + rx*d] * W[f, rc, ry, rx]`` with rc < 1, any kernel, stride,
 dilation and padding; before it only injective blocks (the padding, a layout transpose), after it only
 injective blocks that can run per output tile (folded-BN bias, ReLU / ReLU6 as clip or max+min, hardswish,
-SiLU, a residual add, a transpose to channels-last). A reduction after the conv (an SE block's global mean)
-is another kernel's: the rule declines.
+SiLU, a residual add, a transpose to channels-last). A global pool of the conv's output after it (the mean an
+SE block takes of the output, ``plane_pool.py``) runs as its own loop nest after the conv; any other
+reduction in the kernel is another rule's: the rule declines.
 
 Why its own rule: every output channel reads its own input channel, so the conv2d schedule's register block
 (output channels on the lanes, one broadcast input pixel per FMA) does not apply, and there is no reduction
@@ -43,6 +44,7 @@ from .common import as_target, extent, ok, root_blocks, still_exists, try_, vect
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
+from .plane_pool import schedule_plane_pool, split_plane_pool
 from .transpose import mark_transposed_stage, rewrite_transposed_stages, transpose_to_nchw
 
 MAX_LANES = 16        # channels per block: one fp32 AVX-512 vector (fp16 keeps 16: the host converts to fp32)
@@ -135,13 +137,22 @@ class DepthwiseConv2dRule(ScheduleRule):
         found = [i for i in reductions if match_depthwise_conv2d(sch, blocks[i]) is not None]
         if not found:
             return None
-        if len(reductions) != 1:
-            others = [sch.get(blocks[i]).name_hint for i in reductions if i != found[0]]
-            return Declined(f"the depthwise conv shares the kernel with other reductions ({', '.join(others)}; "
-                            "e.g. an SE block's global mean): only injective ops may surround it")
         ci = found[0]
-        return self._schedule(sch, blocks, ci, match_depthwise_conv2d(sch, blocks[ci]), as_target(target),
-                              host_vector(host))
+        ri, why = split_plane_pool(sch, blocks, ci)
+        if why is not None:
+            return Declined(f"the depthwise conv shares the kernel with {why}: only injective ops, or one "
+                            "global pool of its output, may surround it")
+        hv = host_vector(host)
+        pool_note = None
+        if ri is not None:
+            # an SE block's pool of the conv's output: its own loop nest after the conv part
+            pool_note = schedule_plane_pool(sch, blocks[ri:], hv.lanes(match_depthwise_conv2d(
+                sch, blocks[ci]).out_dtype))
+            blocks = blocks[:ri]
+        result = self._schedule(sch, blocks, ci, match_depthwise_conv2d(sch, blocks[ci]), as_target(target), hv)
+        if isinstance(result, Scheduled) and pool_note:
+            return Scheduled(result.sch, f"{result.note}, {pool_note}")
+        return result
 
     def _schedule(self, sch, blocks, ci, info: GroupedConvBlock, target, hv: HostVector):
         conv = info.block

@@ -2,7 +2,8 @@
 
 Recognised from the blocks (``analysis.match_grouped_conv2d``): one reduction block
 ``C[n, f, y, x] += D[n, f // OCg * ICg + rc, y*s + ry*d, x*s + rx*d] * W[f, rc, ry, rx]``, the kernel's only
-reduction, at least two output channels per group (one per group is depthwise: ``depthwise_conv.py``).
+reduction besides a global pool of its output (an SE block's mean, run after it: ``plane_pool.py``), at least
+two output channels per group (one per group is depthwise: ``depthwise_conv.py``).
 
 Each group is a GEMM of OCg output channels x (ICg * KH * KW) x pixels. The conv2d schedule
 (``conv_schedule.schedule_conv2d``) runs it as it runs a dense conv, with its register block (ocb output
@@ -26,6 +27,7 @@ from .common import as_target, extent, root_blocks
 from .conv_schedule import ConvChoice, ConvOptions, choose_conv_tiles, schedule_conv2d
 from .fast_math import use_fast_math
 from .hostvec import host_vector
+from .plane_pool import schedule_plane_pool, split_plane_pool
 
 
 class GroupedConv2dRule(ScheduleRule):
@@ -44,15 +46,20 @@ class GroupedConv2dRule(ScheduleRule):
         if not found:
             return None
         ci, info = found[0]
-        if len(reductions) != 1:
-            others = [sch.get(blocks[i]).name_hint for i in reductions if i != ci]
-            return Declined(f"the grouped conv shares the kernel with other reductions ({', '.join(others)}; "
-                            "e.g. an SE block's global mean): only injective ops may surround it")
+        ri, why = split_plane_pool(sch, blocks, ci)
+        if why is not None:
+            return Declined(f"the grouped conv shares the kernel with {why}: only injective ops, or one global "
+                            "pool of its output, may surround it")
         loops = sch.get_loops(blocks[ci])
         ow = extent(sch, loops[3])
         if ow is None or extent(sch, loops[1]) is None:
             return Declined("symbolic output channels or width (only the batch may be symbolic)")
         hv = host_vector(host)
+        pool_note = ""
+        if ri is not None:
+            # an SE block's pool of the conv's output: its own loop nest after the conv part
+            pool_note = ", " + schedule_plane_pool(sch, blocks[ri:], hv.lanes(info.out_dtype))
+            blocks = blocks[:ri]
         npu = as_target(target)
         tiles = choose_conv_tiles(info.out_per_group, ow, info.out_dtype, hv, npu, columns_first=info.kernel[1] > 1)
 
@@ -64,4 +71,5 @@ class GroupedConv2dRule(ScheduleRule):
         if schedule_conv2d(sch, blocks, ci, info, npu, hv, opts) is None:
             return None
         return Scheduled(sch, f"grouped-conv2d: {info.groups} groups of {info.in_per_group}->"
-                              f"{info.out_per_group} channels, register block {tiles.ocb}ch x {tiles.owr}cols")
+                              f"{info.out_per_group} channels, register block {tiles.ocb}ch x {tiles.owr}cols"
+                              f"{pool_note}")
