@@ -71,3 +71,21 @@ def test_vector_storable_by_dtype():
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock(sch.mod["main"].body.block.name_hint))
         assert vector_storable(sch, blocks[-1]) is storable, dtype
+
+
+def test_bool_epilogues_of_matmul_conv_pool_rules():
+    """The rules that vectorise through ``matmul._vectorize_inner`` (GEMM/conv/pool epilogues and staging)
+    keep a bool epilogue's stores scalar too, and still compute what the unscheduled kernel computes."""
+    from tvm_ascendfuse.schedule.conv import Conv2dRule
+    from tvm_ascendfuse.schedule.matmul import MatmulRule, _vectorize_inner
+    from tvm_ascendfuse.schedule.pool import PoolRule
+
+    zero = relax.const(0.0)
+    check_rule(MatmulRule(), fused_kernel(lambda x, w: op.greater(op.matmul(x, w), zero), [(16, 32), (32, 64)]))
+    check_rule(Conv2dRule(), fused_kernel(lambda x, w: op.greater(op.nn.conv2d(x, w, padding=[1, 1, 1, 1]), zero),
+                                          [(1, 8, 16, 16), (16, 8, 3, 3)]))
+    check_rule(PoolRule(), fused_kernel(lambda x: op.less(op.nn.max_pool2d(x, [2, 2], [2, 2]), zero),
+                                        [(1, 8, 16, 16)]))
+    sch = s_tir.Schedule(_copy_int4)
+    _vectorize_inner(sch, sch.get_sblock("copy"), 16)
+    assert not _vectorized_loops(sch.mod)

@@ -31,7 +31,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
-from .common import accumulating_store, extent, ok, root_blocks, tile_local, try_
+from .common import accumulating_store, extent, ok, root_blocks, tile_local, try_, vector_storable
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
@@ -517,6 +517,8 @@ def _pack_map(info: GemmBlock, nr: int, ndim: int):
 
 
 def _vectorize_inner(sch, block, lanes: int) -> None:
+    if not vector_storable(sch, block):
+        return          # bool / sub-byte stores stay scalar (see common.vector_storable)
     loops = sch.get_loops(block)
     if not loops:
         return
