@@ -205,6 +205,29 @@ class _Model:
                 return l0
         return check
 
+    def undefined_dim(self, members: list[int]) -> str | None:
+        """A symbolic dim of a member's type that none of the group's inputs defines, else None.
+
+        A grouped function gets its dims from its parameters' shapes; a length computed at run time and bound
+        by a match_cast (ONNX Range: ``arange(0, n)`` then ``* delta + start``) is defined by no input of a
+        group that takes the arange in, and the group's call_tir would have an output of unknown shape
+        ("call_tir expects all TensorType has shape"). The arange stays its own call_tir, as TVM lowers it."""
+        dims = [v for m in members for v in self._dims(m)]
+        if not dims:
+            return None
+        defined = set()
+        for key in self.inputs(members):
+            if isinstance(key, relax.Var):
+                defined.update(relax.analysis.definable_tir_vars_in_type(key.ty))
+        return next((v.name for v in dims if v not in defined), None)
+
+    def _dims(self, m: int) -> list:
+        if not hasattr(self, "_dims_cache"):
+            self._dims_cache = {}
+        if m not in self._dims_cache:
+            self._dims_cache[m] = list(relax.analysis.tir_vars_in_type(self.nodes[m].var.ty))
+        return self._dims_cache[m]
+
     def depth(self, members: list[int]) -> int:
         mset, d = set(members), {}
         for m in sorted(members):
@@ -220,6 +243,9 @@ class _Model:
         accumulator (cube_m rows of the reduction row, fp32) fits L0C; at most ``max_reductions`` free
         reductions."""
         nodes, mset = self.nodes, set(members)
+        undefined = self.undefined_dim(members)
+        if undefined is not None:
+            return f"dim {undefined} of a member's shape is defined by no input of the group (data-dependent)"
         cubes = [m for m in members if nodes[m].cube]
         kernels = {("p", nodes[m].locked) if nodes[m].locked is not None else ("n", m) for m in cubes}
         chain = None
@@ -402,6 +428,17 @@ class CostBasedFusionPass(PyPass):
                     if n.idx not in readers[a]:
                         readers[a].append(n.idx)
         self._readers = readers
+        # A symbolic dim bound by a match_cast in this block (Range's length, read from a tensor) is a
+        # dependence too: the ops whose types use it come after the match_cast, which comes after the op that
+        # computes the length. Without the edge a sibling merge put both ends in one call_tir whose output
+        # type named a dim nothing had defined yet ("call_tir expects all TensorType has shape").
+        sym_def: dict = {}
+        by_params = {sv for p in func.params for sv in relax.analysis.definable_tir_vars_in_type(p.ty)}
+        for n in nodes:
+            if isinstance(n.binding, relax.MatchCast) and n.binding.var.same_as(n.var):
+                for sv in relax.analysis.definable_tir_vars_in_type(n.binding.var.ty):
+                    if sv not in by_params:
+                        sym_def.setdefault(sv, n.idx)     # the first binding defines it
         # edges
         for n in nodes:
             if n.call is not None:
@@ -409,8 +446,11 @@ class CostBasedFusionPass(PyPass):
             else:
                 used = _free_vars(n.binding.value) if isinstance(n.binding, relax.VarBinding) \
                     else _free_vars_binding(n.binding)
+            if sym_def:
+                used = used + [sym_def[sv] for sv in relax.analysis.tir_vars_in_type(n.var.ty)
+                               if sv in sym_def and sym_def[sv] < n.idx]
             for u in used:
-                p = var_node.get(u)
+                p = u if isinstance(u, int) else var_node.get(u)
                 if p is not None and p != n.idx and p not in n.producers:
                     n.producers.append(p)
                     nodes[p].users.append(n.idx)
