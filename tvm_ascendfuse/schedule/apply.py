@@ -62,6 +62,20 @@ def _symbolic_on_chip(name: str, func: tirx.PrimFunc, target: AscendTarget) -> b
     return any(a.nbytes is None for a in usage.allocations)
 
 
+def _over_capacity(name: str, func: tirx.PrimFunc, target: AscendTarget) -> tuple[str, int, int] | None:
+    """(scope, bytes needed, bytes available) of the first on-chip scope the schedule overfills, else None.
+
+    The verification phase would fail the build on it; a rule whose tile analysis missed a case (a GEMM
+    epilogue whose per-tile region is the whole result: Swin-T's attention output, transposed across heads
+    and reshaped, staged 1.3 MiB in UB) declines instead, and the next rule schedules the kernel."""
+    usage = kernel_usage(name, func, target)
+    for scope in ON_CHIP_SCOPES:
+        needed, available = usage.bytes(scope), target.capacity(scope)
+        if needed > available:
+            return scope, needed, available
+    return None
+
+
 def _wide_packed_on_chip(func: tirx.PrimFunc) -> str | None:
     """An on-chip buffer of elements wider than 32 bits that shares its scope with another buffer, else None.
 
@@ -122,6 +136,12 @@ class ApplyUBSchedules(PyPass):
                 # TVM cannot lower an on-chip (tagged) buffer of symbolic size ("Special tagged memory must be
                 # const size"): a rule that left one, e.g. a full symbolic-length row staged in UB, declines.
                 notes.append(f"{rule.name}: declined, an on-chip buffer has a symbolic size")
+                continue
+            over = _over_capacity(name, new, self.target)
+            if over is not None:
+                scope, needed, available = over
+                notes.append(f"{rule.name}: declined, its schedule needs {needed} bytes of {scope} "
+                             f"(the target has {available})")
                 continue
             wide = _wide_packed_on_chip(new)
             if wide is not None:
