@@ -55,6 +55,7 @@ def _keep_type_across_tvm_ffi() -> None:
 
         tvm_ffi.register_error("UBCapacityError", UBCapacityError)
         tvm_ffi.register_error("PatternCheckError", PatternCheckError)
+        tvm_ffi.register_error("UnsupportedOpError", UnsupportedOpError)
     except (ImportError, AttributeError):
         pass
 

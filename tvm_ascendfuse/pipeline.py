@@ -20,6 +20,8 @@ from .grouping import COST_BASED_FUSION, CostBasedFusionPass, PatternFusionPass
 from .grouping.attention_chain import ATTENTION_PROJECTION
 from .grouping.chain import CHAINED_GEMM
 from .grouping.cost import GroupingConfig
+from .errors import AscendFuseError
+from .legalize import explain_failure
 from .passbase import PyPass
 from .report import FusionReport
 from .schedule.apply import ScheduleKernels
@@ -145,8 +147,18 @@ class AscendFusePipeline(PyPass):
         target, switches, tvm_target = self.resolve()
         with tvm_target:
             for name, passes in self.phases(target, switches, tvm_target):
-                mod = tvm.transform.Sequential(passes)(mod)
-                self.snapshots[name] = mod
+                try:
+                    new = tvm.transform.Sequential(passes)(mod)
+                except AscendFuseError:
+                    raise
+                except Exception:
+                    # an op TVM cannot lower (input shape known only at run time) fails somewhere inside
+                    # TVM; name it instead (legalize.py). Anything else is raised as it is.
+                    explained = explain_failure(mod) if name in ("graph_fusion", "ub_fusion") else None
+                    if explained is None:
+                        raise
+                    raise explained from None
+                mod = self.snapshots[name] = new
         return mod
 
 

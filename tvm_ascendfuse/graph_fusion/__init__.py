@@ -2,7 +2,10 @@
 
 ``GRAPH_FUSION_PASSES`` lists them in the order the pipeline runs them, and the order matters:
 
-1. ``FocusConvFusionPass`` first: it replaces the Focus conv by a new stride-2 conv, so a BatchNorm after
+0. ``StaticShapeCanonicalizePass`` before everything: it evaluates shape arithmetic on static tensors, so a
+   slice or reshape fed by ``Shape`` gets a static shape (and legalization can emit its kernel); the
+   matchers below need static shapes too.
+1. ``FocusConvFusionPass`` first of the rewrites: it replaces the Focus conv by a new stride-2 conv, so a BatchNorm after
    it is later folded into *that* conv.
 2. ``ConvBiasAddFusionPass`` / ``MatMulBiasAddFusionPass``: turn bias reshapes, swapped operands, chains of
    constant adds and ``permute_dims`` of constant weights (ONNX Gemm) into ``op(x, W_const) + b_const``, so
@@ -30,9 +33,11 @@ from .matmul_bias_add import MatMulBiasAddFusionPass
 from .matmul_sibling_merge import MatMulSiblingMergeFusionPass
 from .rms_norm import RMSNormFusionPass
 from .softmax import SoftmaxFusionPass
+from .static_shape import StaticShapeCanonicalizePass
 from .swish import SwishFusionPass
 
 GRAPH_FUSION_PASSES: list = [
+    StaticShapeCanonicalizePass,
     FocusConvFusionPass,
     ConvBiasAddFusionPass,
     MatMulBiasAddFusionPass,
