@@ -1,7 +1,7 @@
 """``ascendfuse``: compile an ONNX model with the fusion pipeline and write library + report.
 
     ascendfuse compile MODEL.onnx [--target ascend910b|FILE] [--fusion-switch FILE] [-o OUTDIR] [--portable]
-                                   [--no-traffic-baseline]
+                                   [--no-traffic-baseline] [--no-shape-folding]
     ascendfuse patterns            list switchable passes and pattern names
     ascendfuse report FILE         print the summary of a fusion_result.json
     ascendfuse workload NAME -o F  write one of the built-in example models as ONNX
@@ -76,7 +76,7 @@ def cmd_compile(args) -> int:
         switches = FusionSwitches.from_file(args.fusion_switch)
     outdir = Path(args.output)
     _check_writable(outdir)
-    mod = import_onnx(model_path)
+    mod = import_onnx(model_path, fold_shapes=not args.no_shape_folding)
     ops_before = relax_op_count(mod)
     t0 = time.perf_counter()
     result = compile_model(mod, target=target, switches=switches, portable=args.portable,
@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--portable", action="store_true", help="generic x86-64 code instead of this CPU's features")
     c.add_argument("--no-traffic-baseline", action="store_true",
                    help="skip the TVM-default rows of the traffic table (faster compile of large models)")
+    c.add_argument("--no-shape-folding", action="store_true",
+                   help="import the ONNX graph as TVM does, without folding shape computations on static "
+                        "tensors first (see tvm_ascendfuse/onnx_shapes.py)")
     c.set_defaults(func=cmd_compile)
     sub.add_parser("patterns", help="list passes, patterns and their switch names").set_defaults(func=cmd_patterns)
     r = sub.add_parser("report", help="print the summary of a fusion_result.json")

@@ -11,6 +11,8 @@ that declares terabytes is never allocated.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import re
@@ -210,17 +212,51 @@ def load_onnx(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def import_onnx(model, shape_dict: dict | None = None):
-    """ONNX -> Relax IRModule with weights as constants (so graph fusion can fold them)."""
+FRONTEND_ATTR = "ascendfuse.frontend"
+
+
+def import_onnx(model, shape_dict: dict | None = None, fold_shapes: bool = True):
+    """ONNX -> Relax IRModule with weights as constants (so graph fusion can fold them).
+
+    ``fold_shapes`` (on by default): shape computations on static tensors are folded to constants on the
+    ONNX graph first (``onnx_shapes.fold_shapes``); without it TVM's importer cannot take models such as
+    torchvision's Swin-T ("Reshape expects the input tensor to have known shape"). What was folded is kept
+    as the module attribute ``ascendfuse.frontend`` and lands in the report's ``frontend`` section."""
     from tvm.relax.frontend.onnx import from_onnx
 
     proto = load_onnx(model)
+    folding = None
+    if fold_shapes:
+        from .onnx_shapes import fold_shapes as fold
+
+        proto, folding = fold(proto)
+    printed = io.StringIO()
     try:
-        return from_onnx(proto, shape_dict=shape_dict)
+        with contextlib.redirect_stdout(printed):   # TVM prints "Error converting operator X" on a failure
+            mod = from_onnx(proto, shape_dict=shape_dict)
     except Exception as err:
+        failed_op = re.search(r"Error converting operator (\S+?),", printed.getvalue())
         msg = str(err).strip().splitlines()
+        if failed_op and not isinstance(err, NotImplementedError):
+            # the importer took the op but cannot convert this use of it: TVM's limitation, named
+            why = _check_text(msg[-1] if msg else type(err).__name__)
+            raise UnsupportedOpError(f"TVM {_tvm_version()} cannot import ONNX operator '{failed_op.group(1)}': "
+                                     f"{why}") from None
         text = next((line for line in msg if "not supported" in line.lower() or "unsupported" in line.lower()),
                     msg[-1] if msg else type(err).__name__)
         if "not supported" in text.lower() or "unsupported" in text.lower() or isinstance(err, NotImplementedError):
             raise UnsupportedOpError(f"ONNX import failed: {text.strip()}") from None
         raise ModelError(f"ONNX import failed: {type(err).__name__}: {text.strip()}") from None
+    info = {"shape_folding": folding.as_dict() if folding is not None else "off"}
+    return mod.with_attr(FRONTEND_ATTR, info)
+
+
+def _check_text(line: str) -> str:
+    """TVM's error line without its "Check failed: (cond) is false:" prefix."""
+    return re.sub(r"^.*?Check failed: \(.*?\) is false:\s*", "", line.strip())
+
+
+def _tvm_version() -> str:
+    import tvm
+
+    return tvm.__version__
