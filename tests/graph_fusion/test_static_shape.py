@@ -129,3 +129,52 @@ def test_static_modules_are_untouched():
     mod = bb.get()
     same, record = run_pass(StaticShapeCanonicalizePass, mod)
     assert same.same_as(mod) and record.match_times == 0
+
+
+def test_evaluated_ops_follow_tvm_semantics():
+    """The int ops the pass evaluates give what TVM computes: truncating division (also of negatives), take
+    in wrap/clip/fast modes, where, scatter, concat, squeeze/expand_dims. The values feed a reshape whose
+    target the pass makes static; the module's int outputs are compared with TVM's default build of the
+    unrepaired module's int part."""
+    o = relax.op
+
+    def i64(values):
+        return relax.const(np.array(values), "int64")
+
+    def build(with_reshape: bool):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((2, 3, 4, 5), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                s = bb.emit(o.shape_to_tensor(bb.emit(o.shape_of(x))))                       # [2, 3, 4, 5]
+                neg = bb.emit(o.subtract(i64([0, 0, 0, 0]), s))                              # [-2, -3, -4, -5]
+                div = bb.emit(o.divide(neg, i64([2, 2, 3, 2])))                             # trunc: [-1, -1, -1, -2]
+                fdiv = bb.emit(o.floor_divide(neg, i64([2, 2, 3, 2])))                      # floor: [-1, -2, -2, -3]
+                wrap = bb.emit(o.take(s, i64([-1, 4]), axis=0, mode="wrap"))                 # [5, 2]
+                clip = bb.emit(o.take(s, i64([7]), axis=0, mode="clip"))                     # [5]
+                fast = bb.emit(o.take(s, i64([1]), axis=0, mode="fast"))                     # [3]
+                sel = bb.emit(o.where(o.less(div, fdiv), div, fdiv))                         # [-1, -2, -2, -3]
+                sc = bb.emit(o.scatter_elements(s, i64([-1]), i64([1]), axis=0))             # [2, 3, 4, 1]
+                cat = bb.emit(o.concat([wrap, clip, fast], axis=0))                          # [5, 2, 5, 3]
+                sq = bb.emit(o.squeeze(o.expand_dims(cat, [0]), [0]))
+                ints = [div, fdiv, wrap, clip, fast, sel, sc, sq]
+                outs = list(ints)
+                if with_reshape:
+                    rows = bb.emit(o.multiply(o.take(sc, i64([0]), axis=0), o.take(sc, i64([1]), axis=0)))
+                    target = bb.emit(o.concat([rows, i64([-1])], axis=0))                  # [6, -1] -> (6, 20)
+                    outs.append(bb.emit(o.reshape(x, bb.emit(o.tensor_to_shape(target)))))
+                out = bb.emit_output(relax.Tuple(outs))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    expected = [[-1, -1, -1, -2], [-1, -2, -2, -3], [5, 2], [5], [3], [-1, -2, -2, -3], [2, 3, 4, 1], [5, 2, 5, 3]]
+    ref = run_vm(_tvm_default(build(False)), [np.zeros((2, 3, 4, 5), "float32")])
+    assert [r.tolist() for r in ref] == expected                          # TVM's own semantics, as written
+    repaired, record = run_pass(StaticShapeCanonicalizePass, build(True))
+    assert record.effect_times == 1
+    fields = repaired["main"].body.body.ty.fields
+    assert [int(d) for d in fields[-1].shape.values] == [6, 20]
+    xv = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype("float32")
+    got = run_vm(compile_ours(build(True)).executable, [xv])
+    assert [g.tolist() for g in got[:-1]] == expected
+    np.testing.assert_array_equal(got[-1], xv.reshape(6, 20))

@@ -115,8 +115,8 @@ def _evaluate_call(name: str, call, args: list) -> np.ndarray | None:
             idx = np.mod(idx, extent)
         elif mode == "clip":
             idx = np.clip(idx, 0, extent - 1)
-        elif np.any((idx < -extent) | (idx >= extent)):
-            return None
+        elif np.any((idx < 0) | (idx >= extent)):
+            return None      # "fast" does no index arithmetic: only in-range indices have a defined value
         return np.take(data, idx, axis=axis)
     if name == "relax.concat":
         (parts,) = args
