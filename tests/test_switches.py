@@ -74,3 +74,17 @@ def test_python_and_pass_context():
     assert not merged.is_on(g1) and not merged.is_on(g2)
     with tvm.transform.PassContext(required_pass=[g1]):
         assert sw.with_pass_context().is_on(g1)
+
+
+def test_switch_table_declares_every_pass_and_pattern_once():
+    from tvm_ascendfuse.graph_fusion import GRAPH_FUSION_PASSES
+    from tvm_ascendfuse.grouping import CostBasedFusionPass
+    from tvm_ascendfuse.patterns import pattern_table
+    from tvm_ascendfuse.switches import SWITCHES
+
+    names = [s.name for s in SWITCHES]
+    assert len(names) == len(set(names)) == len(known_switches())
+    used = {cls.switch_name for cls in GRAPH_FUSION_PASSES} | {s.switch for s in pattern_table()}
+    used.add(CostBasedFusionPass.switch_name)
+    assert used <= set(names), used - set(names)
+    assert all(known_switches()[cls.switch_name].category == GRAPH_FUSION for cls in GRAPH_FUSION_PASSES)

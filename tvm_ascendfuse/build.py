@@ -1,11 +1,11 @@
 """Relax build with the kernels' TIR lowering and LLVM code generation spread over the host's cores.
 
 ``tvm.compile`` lowers and code-generates every PrimFunc of a model in one LLVM module on one thread; for
-our fused kernels that is more than half of a compile (W7: ~310 ms of ~520 ms). ``build`` does what
+our fused kernels that is more than half of a compile (of a decoder block). ``build`` does what
 ``relax.build`` does (Relax pipeline, VM codegen, TIR build, VM link) but splits the PrimFuncs into up to
 ``jobs`` modules of about equal size, builds them on threads (the lowering and LLVM run in C++ without the
 GIL) and links the resulting LLVM modules into one VM executable. Splitting changes no generated code,
-only the wall-clock time of the TIR build (W7 310 -> 180 ms with two idle cores); ``jobs=1``, or PrimFuncs
+only the wall-clock time of the TIR build (close to halved with two idle cores); ``jobs=1``, or PrimFuncs
 that call each other (they must stay in one module), build one module. By default only idle cores are
 used (``default_jobs``). The TIR build skips TIR's CSE
 (``TIR_CONFIG``: LLVM does the same).
@@ -21,11 +21,13 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax import vm_build
 
+from .progress import bar
+
 
 def default_jobs(host) -> int:
     """Threads for the TIR build: the host target's cores (at most the machine's) that nothing else is
-    running on right now. With every core busy, two threads measured slower than one (W7 2.02x vs 1.89x
-    TVM's compile time while another process used one of the two cores), so busy cores are left out."""
+    running on right now. With every core busy, two threads measured slower than one (while another process
+    used one of the two cores), so busy cores are left out."""
     cores = os.cpu_count() or 1
     if host is not None and "num-cores" in host.attrs:
         cores = min(cores, max(1, int(host.attrs["num-cores"])))
@@ -82,8 +84,8 @@ def build(mod: tvm.IRModule, target, relax_pipeline, jobs: int | None = None):
     return vm_build.VMExecutable(exe)
 
 
-# TIR's CommonSubexprElim repeats what LLVM's EarlyCSE/GVN do on the same code: off, the kernels of
-# W1/W3-W7 ran at the same single-thread speed (0.98-1.02x each) and lowered 2-10 ms faster per kernel.
+# TIR's CommonSubexprElim repeats what LLVM's EarlyCSE/GVN do on the same code: off, the workloads' kernels
+# ran at the same single-thread speed and lowered faster.
 TIR_CONFIG = {"tirx.disable_cse_tir": True}
 
 
@@ -104,11 +106,13 @@ def build_tir(tir_mod: tvm.IRModule, target, jobs: int) -> list:
         with ctx:
             return [tvm.tirx.build(tir_mod, target=target, pipeline="default")]
     libs, errors = [None] * len(parts), []
+    shown = bar(total=len(parts), desc="code generation", unit="part", delay=2.0)
 
     def run(i):
         try:
             with ctx:
                 libs[i] = tvm.tirx.build(parts[i], target=target, pipeline="default")
+            shown.update()
         except BaseException as err:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(err)
 
@@ -118,6 +122,7 @@ def build_tir(tir_mod: tvm.IRModule, target, jobs: int) -> list:
     run(0)
     for t in threads:
         t.join()
+    shown.close()
     if errors:
         raise errors[0]
     return libs
@@ -140,8 +145,8 @@ def split_module(tir_mod: tvm.IRModule, jobs: int) -> list[tvm.IRModule]:
 
 
 def _size(func) -> int:
-    """Loops + stores: tracks the build time of our kernels (W1/W3/W4/W7: about 10 ms + 1.6 ms per loop;
-    counting unrolled iterations overrated the SwiGLU FFN against attention and unbalanced W7's split)."""
+    """Loops + stores: tracks the build time of our kernels (a fixed cost plus a cost per loop; counting
+    unrolled iterations overrated the SwiGLU FFN against attention and unbalanced a decoder block's split)."""
     count = [1]
 
     def one(_):

@@ -14,18 +14,17 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu
 from .analysis import groups_before_fuse_tir, kernel_table
 from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
 from .analysis.verify_ub import VerifyUBCapacity
-from .graph_fusion import GRAPH_FUSION_PASSES
+from .graph_fusion import GRAPH_FUSION_PASSES, MatMulSiblingMergeFusionPass
 from .graph_fusion.safe_fold import SafeFoldConstant
-from .grouping import COST_BASED_FUSION, CostBasedFusionPass, PatternFusionPass
-from .grouping.attention_chain import ATTENTION_PROJECTION
-from .grouping.chain import CHAINED_GEMM
-from .grouping.cost import GroupingConfig
 from .errors import AscendFuseError
+from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
 from .legalize import explain_failure
 from .passbase import PyPass
+from .progress import bar
 from .report import FusionReport
+from .report_graph import record_after, record_before
 from .schedule.apply import ScheduleKernels
-from .switches import resolve_switches
+from .switches import ATTENTION_PROJECTION, CHAINED_GEMM, COST_BASED_FUSION, resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
 
 
@@ -37,12 +36,20 @@ def traffic_baseline_phase(target, report, tvm_target):
 
 def graph_fusion_phase(target, switches, report):
     """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
+    options = {MatMulSiblingMergeFusionPass: {"query_apart": _query_apart(switches)}}
     passes = [relax.transform.DeadCodeElimination()]
-    passes += [cls(target, report, enabled=switches.is_on(cls.switch_name)) for cls in GRAPH_FUSION_PASSES]
-    for p in passes:
-        if hasattr(p, "configure"):
-            p.configure(switches)        # a rewrite that depends on another switch (see the pass)
+    passes += [cls(target, report, enabled=switches.is_on(cls.switch_name), **options.get(cls, {}))
+               for cls in GRAPH_FUSION_PASSES]
     return passes + [SafeFoldConstant(), relax.transform.DeadCodeElimination()]
+
+
+def _query_apart(switches) -> bool:
+    """Whether the sibling merge leaves an attention's query projection apart for the attention kernel.
+
+    Only when that kernel can take it: with chained GEMMs off, a pre-norm block's next norm stays with the
+    output projection (which then writes h and norm(h)), the attention kernel (one output) cannot take that
+    projection, and a query left apart would only cost one more launch and more GM traffic."""
+    return switches.is_on(ATTENTION_PROJECTION) and switches.is_on(CHAINED_GEMM)
 
 
 def ub_fusion_phase(target, switches, report, tvm_target):
@@ -96,6 +103,7 @@ class RecordKernels(PyPass):
 
     def transform_module(self, mod):
         groups = groups_before_fuse_tir(mod)
+        record_after(self.report, mod)
         mod = relax.transform.FuseTIR()(mod)
         mod = relax.transform.DeadCodeElimination()(mod)
         self.report.set_kernels(kernel_table(mod, groups))
@@ -145,8 +153,13 @@ class AscendFusePipeline(PyPass):
 
     def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
         target, switches, tvm_target = self.resolve()
-        with tvm_target:
-            for name, passes in self.phases(target, switches, tvm_target):
+        record_before(self.report, mod)
+        self.report.sections["target_capacity"] = {"ub_usable_bytes": target.ub_usable,
+                                                   "l1_bytes": target.l1_bytes, "l0c_bytes": target.l0c_bytes}
+        phases = self.phases(target, switches, tvm_target)
+        with tvm_target, bar(total=len(phases), desc="compile", unit="phase", delay=2.0) as shown:
+            for name, passes in phases:
+                shown.set_postfix_str(name)
                 try:
                     new = tvm.transform.Sequential(passes)(mod)
                 except AscendFuseError:
@@ -159,6 +172,7 @@ class AscendFusePipeline(PyPass):
                         raise
                     raise explained from None
                 mod = self.snapshots[name] = new
+                shown.update()
         return mod
 
 

@@ -31,21 +31,110 @@ class SwitchInfo:
     default_on: bool = True
 
 
-_REGISTRY: dict[str, SwitchInfo] = {}
+# Every switch name, as plain constants. Passes and pattern families import their name from here, so that
+# knowing the switches never needs importing the passes, and no pass imports another layer for a name.
 
+# graph fusion (graph_fusion/, one pass a file)
+CONCAT_SPLIT = "ConcatSplitFusionPass"
+CONV_BATCHNORM = "ConvBatchnormFusionPass"
+CONV_BIAS_ADD = "ConvBiasAddFusionPass"
+FOCUS_CONV = "FocusConvFusionPass"
+GELU = "GeluFusionPass"
+LAYER_NORM = "LayerNormFusionPass"
+MATMUL_BIAS_ADD = "MatMulBiasAddFusionPass"
+MATMUL_SIBLING_MERGE = "MatMulSiblingMergeFusionPass"
+RMS_NORM = "RMSNormFusionPass"
+SOFTMAX = "SoftmaxFusionPass"
+SWISH = "SwishFusionPass"
+SDPA_ATTENTION = "ScaledDotProductAttentionFusionPass"
+TRANSPOSE_CHAIN = "TransposeChainFusionPass"
+# UB fusion: pattern families (patterns/)
+TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
+TBE_MATMUL_ELEMWISE = "TbeMatmulElemwiseFusionPass"
+TBE_LAYER_NORM_MATMUL = "TbeLayerNormMatmulFusionPass"
+TBE_RMS_NORM_MATMUL = "TbeRmsNormMatmulFusionPass"
+TBE_ADD_LAYER_NORM = "TbeAddLayerNormFusionPass"
+TBE_ADD_RMS_NORM = "TbeAddRmsNormFusionPass"
+TBE_SOFTMAX = "TbeSoftmaxFusionPass"
+TBE_ATTENTION = "TbeAttentionFusionPass"
+TBE_SWIGLU = "TbeSwiGluFusionPass"
+TBE_ELTWISE = "TbeEltwiseFusionPass"
+# UB fusion: the cost-based grouping (grouping/) and what it may put into one kernel
+CHAINED_GEMM = "ChainedGemmFusionPass"
+ATTENTION_PROJECTION = "AttentionProjectionFusionPass"
+COST_BASED_FUSION = "CostBasedFusionPass"
 
-def register_switch(name: str, category: str, description: str, default_on: bool = True) -> str:
-    """Declare a switchable pass or pattern family; returns the name for use as a constant."""
-    if category not in CATEGORIES:
-        raise ValueError(f"switch category must be one of {CATEGORIES}, got {category!r}")
-    _REGISTRY[name] = SwitchInfo(name, category, description, default_on)
-    return name
+SWITCHES: tuple[SwitchInfo, ...] = (
+    SwitchInfo(CONCAT_SPLIT, GRAPH_FUSION,
+               "split elementwise ops over concat inputs so each part fuses with its producer"),
+    SwitchInfo(CONV_BATCHNORM, GRAPH_FUSION,
+               "fold inference BatchNorm into the preceding conv2d/matmul weights and bias"),
+    SwitchInfo(CONV_BIAS_ADD, GRAPH_FUSION,
+               "merge constant per-channel adds after conv2d into one (1,C,1,1) bias add"),
+    SwitchInfo(FOCUS_CONV, GRAPH_FUSION, "YOLOv5 Focus (4 strided slices + concat + conv) -> one stride-2 conv"),
+    SwitchInfo(GELU, GRAPH_FUSION, "recognise the erf and tanh forms of GELU as gelu / gelu_tanh"),
+    SwitchInfo(LAYER_NORM, GRAPH_FUSION, "recognise mean/sub/pow/mean/add/sqrt/div(*gamma+beta) as layer_norm"),
+    SwitchInfo(MATMUL_BIAS_ADD, GRAPH_FUSION,
+               "fold constant weight transposes into matmul and merge its bias adds into one"),
+    SwitchInfo(MATMUL_SIBLING_MERGE, GRAPH_FUSION,
+               "matmuls sharing one input with constant weights -> one matmul over concatenated weights "
+               "(+ concatenated bias) and per-part slices"),
+    SwitchInfo(RMS_NORM, GRAPH_FUSION, "recognise x * rsqrt(mean(x^2) + eps) * gamma as rms_norm"),
+    SwitchInfo(SOFTMAX, GRAPH_FUSION, "recognise exp(x - max) / sum(exp(...)) as softmax"),
+    SwitchInfo(SWISH, GRAPH_FUSION, "recognise x * sigmoid(x) as silu"),
+    SwitchInfo(SDPA_ATTENTION, GRAPH_FUSION,
+               "write one-op attention (PyTorch SDPA) as Q.K^T, scale, mask, softmax, .V so the attention "
+               "kernels fuse it with its projections"),
+    SwitchInfo(TRANSPOSE_CHAIN, GRAPH_FUSION, "collapse consecutive transposes (permute_dims) into one, or none"),
+    SwitchInfo(TBE_CONV_ELEMWISE, UB_FUSION,
+               "conv2d + bias/batch_norm + activation (+ residual add) as one kernel: the epilogue runs on the "
+               "cube's output block in UB"),
+    SwitchInfo(TBE_MATMUL_ELEMWISE, UB_FUSION,
+               "matmul + bias + activation (+ residual add) as one kernel: the epilogue runs on the accumulator "
+               "block"),
+    SwitchInfo(TBE_LAYER_NORM_MATMUL, UB_FUSION,
+               "layer_norm feeding matmul (+ bias + activation) as one kernel: normalised rows are the cube "
+               "operand"),
+    SwitchInfo(TBE_RMS_NORM_MATMUL, UB_FUSION,
+               "rms_norm feeding matmul (+ bias + activation) as one kernel: normalised rows are the cube "
+               "operand"),
+    SwitchInfo(TBE_ADD_LAYER_NORM, UB_FUSION,
+               "residual add + layer_norm as one kernel (sum may be a 2nd output)"),
+    SwitchInfo(TBE_ADD_RMS_NORM, UB_FUSION, "residual add + rms_norm as one kernel (sum may be a 2nd output)"),
+    SwitchInfo(TBE_SOFTMAX, UB_FUSION, "scale (multiply/divide) and mask add feeding softmax as one kernel"),
+    SwitchInfo(TBE_ATTENTION, UB_FUSION,
+               "matmul(Q, K^T) * scale + mask -> softmax -> matmul(., V) as one kernel (score rows stay in UB)"),
+    SwitchInfo(TBE_SWIGLU, UB_FUSION, "silu(gate) * up, optionally with the gate/up matmuls, as one kernel"),
+    SwitchInfo(TBE_ELTWISE, UB_FUSION, "two or more elementwise ops in a row as one kernel"),
+    SwitchInfo(CHAINED_GEMM, UB_FUSION,
+               "cost-based grouping may chain two GEMMs (FFN up->down projection) in one kernel, per row block"),
+    SwitchInfo(ATTENTION_PROJECTION, UB_FUSION,
+               "cost-based grouping may merge attention with its output projection (+ residual) and its query "
+               "projection (+ norm), per block of query rows"),
+    SwitchInfo(COST_BASED_FUSION, UB_FUSION,
+               "cost-model grouping of the remaining ops into UB-fused kernels (replaces TVM FuseOps)"),
+)
+
+_BY_NAME: dict[str, SwitchInfo] = {s.name: s for s in SWITCHES}
+_USER: dict[str, SwitchInfo] = {}    # switches of patterns and passes a user adds (``register_switch``)
 
 
 def known_switches() -> dict[str, SwitchInfo]:
-    from . import graph_fusion, patterns, grouping  # noqa: F401  (importing registers their switches)
+    return {**_BY_NAME, **_USER}
 
-    return dict(_REGISTRY)
+
+def register_switch(name: str, category: str, description: str = "", default_on: bool = True) -> str:
+    """Declare the switch of a pattern or pass written outside this package (the built-in ones are the table
+    above), so switch files and ``PassContext(disabled_pass=...)`` accept its name; returns the name.
+    Declaring the same switch again is harmless; a name that is already taken otherwise is an error."""
+    if category not in CATEGORIES:
+        raise SwitchError(f"switch category {category!r} is not one of {', '.join(CATEGORIES)}")
+    info = SwitchInfo(name, category, description, default_on)
+    known = known_switches().get(name)
+    if known is not None and (name in _BY_NAME or (known.category, known.default_on) != (category, default_on)):
+        raise SwitchError(f"switch {name!r} is already declared ({known.category}: {known.description})")
+    _USER[name] = info
+    return name
 
 
 def _parse_value(name: str, value) -> bool:

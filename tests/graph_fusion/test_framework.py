@@ -41,3 +41,20 @@ def test_flatten_product_opens_only_single_use_values():
     shared = next(v for v in graph.order if graph.call(v, "relax.multiply") is not None)   # the first multiply
     assert prod.coef == 3.0
     assert prod.atoms == {shared: 1.0, ("sqrt", func.params[0]): -1.0}
+
+
+def test_no_graph_fusion_pass_imports_grouping():
+    """Graph fusion sits below the UB-fusion layers: switch names come from ``switches``, options by
+    constructor, so no pass imports ``grouping`` (or anything above it)."""
+    import ast
+    from pathlib import Path
+
+    import tvm_ascendfuse.graph_fusion as gf
+
+    above = ("grouping", "schedule", "pipeline", "api", "cli")
+    for path in Path(gf.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2 and node.module:
+                assert node.module.split(".")[0] not in above, (path.name, node.module)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                assert not any(node.module.startswith(f"tvm_ascendfuse.{m}") for m in above), (path.name, node.module)

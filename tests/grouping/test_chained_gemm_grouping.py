@@ -3,17 +3,13 @@ down-projection become one kernel when a row of the output and a panel of the in
 with the reason in the report, otherwise. A pre-norm row norm read only by the first product(s) joins the
 chain as its prologue when its row fits UB and the block's normalised rows fit L1."""
 
-import dataclasses
-
 import tvm
 from tvm import relax
 
 from tests.grouping.util import build, check_equivalent
 from tvm_ascendfuse.analysis.traffic import count_primfunc
-from tvm_ascendfuse.grouping.chain import chain_row_block, staged_rows_bytes
 from tvm_ascendfuse.grouping.cost import GroupingConfig
 from tvm_ascendfuse.report import CHECK_FAILED, NOT_PROFITABLE, UB_OVERFLOW
-from tvm_ascendfuse.target import get_target
 
 PASS = "CostBasedFusionPass"
 op = relax.op
@@ -164,20 +160,6 @@ def test_norm_prologue_refused_when_its_row_does_not_fit_ub():
     assert "norm_prologue" not in chain["chain"]
     [r] = [r for r in refusals(report, UB_OVERFLOW) if "being normalised" in r.get("what", "")]
     assert r["needed_bytes"] > r["available_bytes"] == 184 * 1024
-
-
-def test_chain_row_block_budget():
-    """W7's FFN (2816 wide, 1024 in and out, SwiGLU pair): 32 rows per block, capped by L0C (32 accumulator
-    rows of 4 KiB); UB holds three 64-column panels per row plus the row being normalised; the 32 normalised
-    rows (128 KiB) sit in L1. W3's FFN (post-LN: its output row stays in UB for the norm) keeps its budget."""
-    npu = get_target("ascend910b")
-    w7 = chain_row_block(2816, 1024, 64, 2, 256, npu, staged_row=1024, norm_after=False)
-    assert w7.fits and w7.tile_elems == 32 and w7.needed_bytes == 32 * 3 * 256 + 3 * 4096
-    assert staged_rows_bytes(w7.tile_elems, 1024, npu) == 128 * 1024 <= npu.capacity("local.L1")
-    w3 = chain_row_block(3072, 768, 64, 1, 128, npu)
-    assert w3.fits and w3.tile_elems == 32 and w3.needed_bytes == 32 * (768 + 2 * 64) * 4
-    tight = dataclasses.replace(npu, l1_bytes=256 * 1024)
-    assert chain_row_block(2816, 1024, 64, 2, 256, tight, staged_row=4096, norm_after=False).tile_elems == 16
 
 
 def _workload_groups(model):

@@ -7,7 +7,7 @@ from tvm import relax
 
 from tests.grouping.util import build, check_equivalent, group, legalize
 from tvm_ascendfuse.grouping.cost import GroupingConfig
-from tvm_ascendfuse.grouping.grouping import CostBasedFusionPass
+from tvm_ascendfuse.grouping import CostBasedFusionPass
 from tvm_ascendfuse.report import CAP_HIT, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, FusionReport
 
 PASS = "CostBasedFusionPass"

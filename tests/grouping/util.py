@@ -8,7 +8,7 @@ from tvm import relax
 
 from tests.helpers import random_inputs, run_vm, tol
 from tvm_ascendfuse.analysis.kernels import launch_count
-from tvm_ascendfuse.grouping.grouping import CostBasedFusionPass
+from tvm_ascendfuse.grouping import CostBasedFusionPass
 from tvm_ascendfuse.report import FusionReport
 
 

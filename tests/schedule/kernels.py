@@ -63,17 +63,19 @@ def _concrete(shape, sizes):
     return [int(sizes.get(d.name, 0)) if isinstance(d, tirx.Var) else int(d) for d in shape]
 
 
-def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=NPU, expect=True, fixed=None):
+def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=NPU, expect=True, fixed=None,
+               with_note=False):
     """Schedule ``func`` with ``rule``; its outputs must match TVM's default build of the unscheduled kernel.
     ``sizes`` binds symbolic dims by name; ``fixed`` gives some inputs ({param index: array}).
-    Returns the scheduled module."""
+    Returns the scheduled module (with ``with_note``: the module and the rule's note)."""
     from tvm_ascendfuse.schedule.fast_math import use_fast_math
 
-    sch = rule.apply(use_fast_math(func), target, host)
+    result = rule.apply_with_note(use_fast_math(func), target, host)
     if not expect:
-        assert sch is None, f"{rule.name} should decline this kernel"
+        assert result is None, f"{rule.name} should decline this kernel"
         return None
-    assert sch is not None, f"{rule.name} declined the kernel"
+    assert result is not None, f"{rule.name} declined the kernel"
+    sch = result.sch
     rng = np.random.default_rng(seed)
     sizes = sizes or {}
     arrays = []
@@ -93,7 +95,7 @@ def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=
     dtype = str(func.params[-1].ty.dtype)
     for x, y in zip(a, b):      # inputs stay equal; every output must match
         np.testing.assert_allclose(y.numpy().astype("float64"), x.numpy().astype("float64"), **tol(dtype))
-    return sch.mod
+    return (sch.mod, result.note) if with_note else sch.mod
 
 
 @tvm.transform.module_pass(opt_level=0, name="ScheduleGemmsForTest")

@@ -1,14 +1,18 @@
-"""The schedule phase: rule dispatch per kernel, attrs kept, report filled, rule failures contained."""
+"""The schedule phase: rule dispatch per kernel, attrs kept, report filled, a rule that raises reported as a rule
+error (and the next rule tried), a rule's note carried with its schedule."""
 
 import math
 
 import numpy as np
+import pytest
 import tvm
+import tvm_ffi
+from tvm import s_tir
 from tvm.relax import op
 
 from tvm_ascendfuse.report import FusionReport
 from tvm_ascendfuse.schedule.apply import DEFAULT_RULES, ApplyUBSchedules
-from tvm_ascendfuse.schedule.base import ScheduleRule
+from tvm_ascendfuse.schedule.base import ScheduleRule, Scheduled
 from tvm_ascendfuse.schedule.fast_math import use_fast_math
 
 from .kernels import HOST, NPU, attention_kernel, fused_kernel
@@ -58,13 +62,58 @@ class Exploding(ScheduleRule):
         raise RuntimeError("rule bug")
 
 
-def test_a_failing_rule_declines_and_the_next_one_wins():
+class HalfWay(ScheduleRule):
+    """Raises after changing its own schedule: what it did must not reach the kernel."""
+
+    name = "half-way"
+
+    def apply(self, func, target, host):
+        sch = s_tir.Schedule(func)
+        sch.parallel(sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[-1])[0])
+        return [][0]
+
+
+class Noting(ScheduleRule):
+    name = "noting"
+
+    def apply_with_note(self, func, target, host):
+        return Scheduled(s_tir.Schedule(func), f"{len(func.params)} params")
+
+
+def test_a_raising_rule_is_a_reported_error_and_the_next_rule_wins():
     report = FusionReport()
-    mod = ApplyUBSchedules(NPU, report, HOST, rules=[Exploding(), *DEFAULT_RULES])(
-        module_of(k=kernels()["fused_add_relu"]))
-    assert report.sections["schedules"] == {"k": "elementwise"}
-    assert "exploding: rule bug" in report.sections["schedule_notes"]["k"][0]
+    funcs = {"k": kernels()["fused_add_relu"], "j": kernels()["fused_layer_norm"]}
+    mod = ApplyUBSchedules(NPU, report, HOST, rules=[Exploding(), HalfWay(), *DEFAULT_RULES])(module_of(**funcs))
+    assert report.sections["schedules"] == {"k": "elementwise", "j": "reduction"}
+    errors = [{"rule": "exploding", "message": "RuntimeError: rule bug"},
+              {"rule": "half-way", "message": "IndexError: list index out of range"}]
+    assert report.sections["rule_errors"] == {"k": errors, "j": errors}
+    assert "schedule_notes" not in report.sections                 # errors are not notes
     assert mod["k"].attrs["tirx.is_scheduled"]
+    reference = ApplyUBSchedules(NPU, None, HOST)(module_of(**funcs))
+    for name in funcs:                                             # the half-way schedule was dropped
+        assert tvm_ffi.structural_equal(mod[name], reference[name])
+
+
+def test_a_declining_rule_is_no_error():
+    report = FusionReport()
+    ApplyUBSchedules(NPU, report, HOST, rules=DEFAULT_RULES)(module_of(k=kernels()["fused_add_relu"]))
+    assert "rule_errors" not in report.sections
+
+
+def test_notes_travel_with_the_schedule():
+    report = FusionReport()
+    ApplyUBSchedules(NPU, report, HOST, rules=[Noting()])(module_of(k=kernels()["fused_add_relu"]))
+    assert report.sections["schedules"] == {"k": "noting"}
+    assert report.sections["schedule_notes"] == {"k": ["3 params"]}
+    func = kernels()["fused_add_relu"]
+    assert Noting().apply(func, NPU, HOST) is not None             # apply is apply_with_note's schedule
+
+    class Neither(ScheduleRule):
+        name = "neither"
+
+    with pytest.raises(NotImplementedError, match="neither apply nor apply_with_note"):
+        Neither().apply(func, NPU, HOST)
 
 
 def test_scheduled_module_matches_unscheduled():

@@ -1,6 +1,6 @@
 """The schedule phase's cheap pre-checks: they must only skip work whose answer is known.
 
-* ``product_blocks`` counts what ``reduction.is_contraction`` calls products, without a schedule; a rule
+* ``product_blocks`` counts what ``analysis.is_contraction`` calls products, without a schedule; a rule
   whose ``min_products`` is above the count is not tried (the rule chosen stays the same).
 * ``_symbolic_on_chip`` skips the compaction analysis when every parameter has a static shape.
 """
@@ -11,8 +11,8 @@ from tvm.relax import op
 
 from tests.schedule.kernels import HOST, NPU, attention_kernel, fused_kernel
 from tvm_ascendfuse.schedule import apply as ap
+from tvm_ascendfuse.schedule.analysis import is_contraction
 from tvm_ascendfuse.schedule.common import block_infos
-from tvm_ascendfuse.schedule.reduction import is_contraction
 
 
 def _ln_matmul_gelu(x, g, b, w):

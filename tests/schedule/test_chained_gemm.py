@@ -38,9 +38,8 @@ def swiglu(m, k, f):
                                           swiglu(12, 16, 40), swiglu(9, 24, 56)])
 def test_matches_unscheduled(shapes_build):
     shapes, build = shapes_build
-    rule = ChainedGemmRule()
-    check_rule(rule, fused_kernel(build, shapes))
-    assert rule.note and "row block" in rule.note
+    _, note = check_rule(ChainedGemmRule(), fused_kernel(build, shapes), with_note=True)
+    assert note and "row block" in note
 
 
 def _scopes(sch):
@@ -66,8 +65,8 @@ def test_row_block_capped_by_l0c_or_accumulator_in_ub(l0c, scope, rows):
     shapes, build = ffn_ln(16, 32, 64)
     npu = dataclasses.replace(NPU, l0c_bytes=l0c)
     rule = ChainedGemmRule()
-    check_rule(rule, fused_kernel(build, shapes), target=npu)
-    assert f"row block {rows} rows" in rule.note, rule.note
+    _, note = check_rule(rule, fused_kernel(build, shapes), target=npu, with_note=True)
+    assert f"row block {rows} rows" in note, note
     assert scope in _scopes(rule.apply(fused_kernel(build, shapes), npu, HOST))
 
 
@@ -147,9 +146,8 @@ def test_norm_prologue_matches_unscheduled(shapes_build):
     """Odd row counts (one-row and three-row blocks) included; the normalised rows are one on-chip buffer of
     the row block in L1 (the cube's operand), every other intermediate on chip too."""
     shapes, build = shapes_build
-    rule = ChainedGemmRule()
-    check_rule(rule, fused_kernel(build, shapes))
-    assert "norm prologue" in rule.note, rule.note
+    _, note = check_rule(ChainedGemmRule(), fused_kernel(build, shapes), with_note=True)
+    assert "norm prologue" in note, note
     scopes = _alloc(ChainedGemmRule().apply(fused_kernel(build, shapes), NPU, HOST))
     assert list(scopes.values()).count("local.L1") == 1, scopes
     assert all(s.startswith("local.") for s in scopes.values()), scopes

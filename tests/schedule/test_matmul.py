@@ -12,8 +12,9 @@ from tvm.relax import op
 from tests.helpers import tol
 from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel, schedule_gemms
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
-from tvm_ascendfuse.schedule.matmul import MatmulRule, choose_tiles, find_gemm
+from tvm_ascendfuse.schedule.analysis import find_gemm
 from tvm_ascendfuse.schedule.hostvec import HostVector, host_vector
+from tvm_ascendfuse.schedule.matmul import MatmulRule, choose_tiles
 from tvm_ascendfuse.target import get_target
 
 
@@ -196,46 +197,6 @@ def test_epilogue_with_head_split_layout_change():
     target = get_target("ascend310p")
     mod = check_rule(MatmulRule(), fused_kernel(build, [(1, 16, 32), (32, 64), (64,)]), host=NATIVE, target=target)
     assert kernel_usage("k", mod["main"], target).bytes("local.UB") <= 16 * 64 * 4 // 2
-
-
-def test_mark_constant_weights_keeps_names_and_needs_every_call_constant():
-    from tvm_ascendfuse.schedule.layout_free import MarkConstantWeights
-    from tvm_ascendfuse.schedule.prepack import PrepackConstantWeights
-
-    rng = np.random.default_rng(2)
-    w, b = rng.standard_normal((24, 32)).astype("float32"), rng.standard_normal(32).astype("float32")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 24), "float32"))
-    w_rt = relax.Var("w_rt", relax.TensorType((24, 32), "float32"))
-    with bb.function("main", [x, w_rt]):
-        with bb.dataflow():
-            c = op.nn.relu(op.add(op.matmul(x, relax.const(w)), relax.const(b)))   # constant weight
-            r = op.nn.relu(op.add(op.matmul(x, w_rt), relax.const(b)))             # run-time weight
-            out = bb.emit_output(op.add(c, r))
-        bb.emit_func_output(out)
-    passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
-              relax.transform.FuseTIR()]
-    fused = tvm.transform.Sequential(passes)(bb.get())
-    before = sorted(gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tirx.PrimFunc))
-    marked = MarkConstantWeights()(fused)
-    after = sorted(gv.name_hint for gv, f in marked.functions.items() if isinstance(f, tirx.PrimFunc))
-    assert before == after
-    calls = []
-    relax.analysis.post_order_visit(marked["main"].body, lambda e: calls.append(e) if isinstance(e, relax.Call)
-                                    and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.call_tir" else None)
-    seen_weight = False
-    for call in calls:
-        free = [int(i) for i in (marked[call.args[0]].attrs or {}).get("layout_free_buffers", [])]
-        args = call.args[1].fields
-        assert all(isinstance(args[i], tvm.ir.GenericConst) for i in free)          # only constants
-        assert all(i in free for i, a in enumerate(args) if isinstance(a, tvm.ir.GenericConst))
-        seen_weight |= any(isinstance(args[i], tvm.ir.GenericConst) and len(args[i].ty.shape) == 2 for i in free)
-    assert seen_weight
-    out = PrepackConstantWeights()(schedule_gemms(marked))
-    xv, wv = rng.standard_normal((8, 24)).astype("float32"), rng.standard_normal((24, 32)).astype("float32")
-    res = relax.VirtualMachine(tvm.compile(out, target=NATIVE), tvm.cpu())["main"](
-        tvm.runtime.tensor(xv), tvm.runtime.tensor(wv)).numpy()
-    np.testing.assert_allclose(res, np.maximum(xv @ w + b, 0) + np.maximum(xv @ wv + b, 0), **tol("float32"))
 
 
 def test_epilogue_selecting_by_index_is_not_placed_per_tile():

@@ -13,7 +13,8 @@ from tvm.relax import op
 from tests.helpers import assert_same_numbers
 from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
-from tvm_ascendfuse.schedule.pool import PoolRule, choose_pool_tile, match_pool
+from tvm_ascendfuse.schedule.analysis import match_pool
+from tvm_ascendfuse.schedule.pool import PoolRule, choose_pool_tile
 from tvm_ascendfuse.target import get_target
 
 NPU = get_target("ascend910b")

@@ -66,11 +66,12 @@ def test_row_is_staged_in_ub_and_partials_are_vectorised():
 
 def test_row_larger_than_ub_streams_and_says_so():
     tiny = get_target("ascend910b", ub_bytes=16 * 1024, ub_reserved_bytes=0, l1_bytes=512 * 1024)
-    rule = ReductionRule()
     shapes, build = add_layer_norm(4096)
-    mod = check_rule(rule, fused_kernel(build, shapes), target=tiny)
-    assert rule.note and "row" in rule.note
+    rule = ReductionRule()
+    mod, note = check_rule(rule, fused_kernel(build, shapes), target=tiny, with_note=True)
+    assert note and "row" in note
     assert kernel_usage("k", mod["main"], tiny).bytes("local.UB") < tiny.ub_usable
+    assert rule.apply_with_note(fused_kernel(build, shapes), NPU, None).note is None    # the note was the call's
 
 
 def test_declines_matmul_and_elementwise():

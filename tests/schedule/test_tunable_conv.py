@@ -11,7 +11,8 @@ from tvm.relax import op
 from tests.schedule.kernels import HOST, NATIVE, fused_kernel
 from tvm_ascendfuse.analysis.verify_ub import VerifyUBCapacity
 from tvm_ascendfuse.frontend import import_onnx
-from tvm_ascendfuse.schedule.conv import Conv2dRule, ConvChoice, ConvTiles, conv_candidates
+from tvm_ascendfuse.schedule.conv import Conv2dRule
+from tvm_ascendfuse.schedule.conv_schedule import ConvChoice, ConvTiles, conv_candidates
 from tvm_ascendfuse.schedule.fast_math import use_fast_math
 from tvm_ascendfuse.schedule.hostvec import HostVector
 from tvm_ascendfuse.schedule.tunable import LeastDrawnTiles, apply_tunable, candidate_schedules, ub_fits

@@ -7,7 +7,7 @@ from collections import Counter
 import tvm
 from tvm import relax
 
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+from ..ir import is_call_tir
 
 
 def _is_group(func) -> bool:
@@ -20,10 +20,11 @@ def _calls(expr):
     return found
 
 
-def _op_name(call) -> str | None:
+def _runs(call) -> str | None:
+    """What a call runs: the PrimFunc of a call_tir, the op, or the function called."""
+    if is_call_tir(call):
+        return call.args[0].name_hint
     if isinstance(call.op, tvm.ir.Op):
-        if call.op.same_as(_CALL_TIR):
-            return call.args[0].name_hint
         return call.op.name
     if isinstance(call.op, tvm.ir.GlobalVar):
         return call.op.name_hint
@@ -37,7 +38,7 @@ def relax_op_count(mod: tvm.IRModule) -> int:
     for _, func in mod.functions.items():
         if isinstance(func, relax.Function) and not _is_group(func):
             n += sum(1 for c in _calls(func.body) if isinstance(c.op, tvm.ir.Op) and c.op.name not in skip)
-            n += sum(1 for c in _calls(func.body) if isinstance(c.op, tvm.ir.Op) and c.op.same_as(_CALL_TIR))
+            n += sum(1 for c in _calls(func.body) if is_call_tir(c))
     return n
 
 
@@ -46,7 +47,7 @@ def groups_before_fuse_tir(mod: tvm.IRModule) -> dict[str, dict]:
     out = {}
     for gv, func in mod.functions.items():
         if _is_group(func):
-            ops = [n for n in (_op_name(c) for c in _calls(func.body)) if n]
+            ops = [n for n in (_runs(c) for c in _calls(func.body)) if n]
             out[gv.name_hint] = {"ops": ops, "pattern": str(func.attrs["Composite"]) if "Composite" in func.attrs else None}
     return out
 
@@ -56,8 +57,7 @@ def launched_kernels(mod: tvm.IRModule) -> list[str]:
     names = []
     for _, func in mod.functions.items():
         if isinstance(func, relax.Function) and not _is_group(func):
-            names += [c.args[0].name_hint for c in _calls(func.body)
-                      if isinstance(c.op, tvm.ir.Op) and c.op.same_as(_CALL_TIR)]
+            names += [c.args[0].name_hint for c in _calls(func.body) if is_call_tir(c)]
     return names
 
 

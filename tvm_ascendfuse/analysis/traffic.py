@@ -25,23 +25,16 @@ from tvm.s_tir import stmt as sstmt
 from tvm.ir import expr as iexpr
 from tvm.ir.prim import expr as pexpr
 
+from ..cost import modeled_time_us
+from ..ir import dtype_bytes, is_call_tir
+
 # Symbolic dimension without a declared upper bound: assumed this large (documented in the report).
 ASSUMED_SYMBOLIC_DIM = 128
 
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
-                "int32": 4, "int64": 8, "bool": 1, "uint32": 4, "uint16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 _ARITH = (pexpr.Add, pexpr.Sub, pexpr.Mul, pexpr.Div, pexpr.Mod, pexpr.FloorDiv, pexpr.FloorMod, pexpr.Min,
           pexpr.Max)
 _NO_FLOP_CALLS = {"tirx.if_then_else", "tirx.likely", "tirx.reinterpret", "tirx.ret", "tirx.bitwise_and",
                   "if_then_else", "likely"}
-
-
-def dtype_bytes(dtype) -> int:
-    d = str(dtype)
-    if d in _DTYPE_BYTES:
-        return _DTYPE_BYTES[d]
-    digits = "".join(c for c in d if c.isdigit())
-    return max(1, int(digits) // 8) if digits else 4
 
 
 @dataclass
@@ -355,22 +348,11 @@ def count_primfunc(func: tirx.PrimFunc, name: str = "", sym_bounds: dict[str, in
 
 
 # ---- per-model accounting -----------------------------------------------------------------------------------
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-
-
 def symbolic_bounds(func) -> dict[str, int]:
     """Upper bounds declared with the ``tir_var_upper_bound`` function attribute."""
     if func.attrs is None or "tir_var_upper_bound" not in func.attrs:
         return {}
     return {str(k): int(v) for k, v in func.attrs["tir_var_upper_bound"].items()}
-
-
-def modeled_time_us(gm_bytes: float, vector_flops: float, cube_flops: float, target, dtype_bytes_: int = 4,
-                    launches: int = 1) -> float:
-    """The roofline the cost model uses: max(bytes / HBM, FLOPs / unit peak) + launch overhead (modeled)."""
-    t = max(gm_bytes / target.hbm_bytes_per_s, vector_flops / target.vector_flops(dtype_bytes_),
-            cube_flops / target.cube_flops())
-    return t * 1e6 + launches * target.launch_overhead_us
 
 
 def _tensor_bytes(ty, bounds) -> int:
@@ -400,8 +382,7 @@ def kernel_calls(mod: tvm.IRModule):
         if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
             found = []
             relax.analysis.post_order_visit(
-                func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
-                and e.op.same_as(_CALL_TIR) else None)
+                func.body, lambda e: found.append(e) if is_call_tir(e) else None)
             out += [(func, c.args[0]) for c in found]
     return out
 

@@ -20,6 +20,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..ir import dtype_bytes
 from ..target import AscendTarget
 
 ON_CHIP_SCOPES = ("local.UB", "local.L1", "local.L0A", "local.L0B", "local.L0C")
@@ -128,7 +129,7 @@ def _usage_of(name: str, func: tirx.PrimFunc, target: AscendTarget) -> KernelUsa
         if scope not in ON_CHIP_SCOPES:
             return
         dims = [_static(d) for d in buf.shape]
-        elem = tvm.DataType(str(buf.dtype)).bits // 8
+        elem = dtype_bytes(buf.dtype)
         nbytes = None if any(d is None for d in dims) else math.prod(dims) * elem
         aligned = None if nbytes is None else target.align_up(nbytes, _ALIGN_KEY[scope])
         usage.allocations.append(Allocation(buf.name, scope, nbytes, aligned))

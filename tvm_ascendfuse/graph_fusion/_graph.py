@@ -20,37 +20,13 @@ import tvm_ffi
 from tvm import relax
 
 from ..fusion_pass import FusionPass
+from ..ir import op_name, static_dims, static_shape  # noqa: F401 - the passes import them from here
 from ..report import CHECK_FAILED
 
 GenericConst = tvm.ir.GenericConst
 
 # Ops whose application to a constant is itself a constant we can evaluate with numpy.
 _CONST_LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.astype")
-
-
-def op_name(call) -> str | None:
-    if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
-        return call.op.name
-    return None
-
-
-def static_shape(expr) -> tuple[int, ...] | None:
-    """The static shape of a tensor-typed expression, or None (dynamic or not a tensor)."""
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in ty.shape)
-    except (TypeError, ValueError):
-        return None
-
-
-def dims(expr) -> list | None:
-    """Per-axis sizes of a tensor-typed expression, ``None`` for a symbolic axis; None if the rank is unknown."""
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    return [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape]
 
 
 def int_list(values) -> list[int] | None:

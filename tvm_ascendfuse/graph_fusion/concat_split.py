@@ -29,11 +29,9 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import CONCAT_SPLIT as NAME
 from ._graph import GraphRewritePass, Refusal, Rewrite, make_const, op_name, static_shape
 
-NAME = register_switch("ConcatSplitFusionPass", GRAPH_FUSION,
-                       "split elementwise ops over concat inputs so each part fuses with its producer")
 
 UNARY = {"relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.leakyrelu",
          "relax.sigmoid", "relax.tanh", "relax.exp", "relax.negative", "relax.abs", "relax.sqrt", "relax.erf",

@@ -21,11 +21,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
-from ._graph import FunctionGraph, GraphRewritePass, Refusal, Rewrite, dims, make_const, op_name
-
-NAME = register_switch("ConvBatchnormFusionPass", GRAPH_FUSION,
-                       "fold inference BatchNorm into the preceding conv2d/matmul weights and bias")
+from ..switches import CONV_BATCHNORM as NAME
+from ._graph import FunctionGraph, GraphRewritePass, Refusal, Rewrite, static_dims, make_const, op_name
 
 
 def _channel_bias(arr: np.ndarray, out_shape: tuple, axis: int) -> np.ndarray | None:
@@ -74,7 +71,7 @@ class ConvBatchnormFusionPass(GraphRewritePass):
         def refusal(failed: str) -> Refusal:
             return Refusal(internal=internal, failed=failed, **detail)
 
-        shape = dims(data)
+        shape = static_dims(data)
         if shape is None:
             raise refusal("output rank unknown")
         axis = int(bn.attrs.axis) % len(shape)

@@ -18,12 +18,9 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import CONV_BIAS_ADD as NAME
 from ._bias import bias_chain
 from ._graph import GraphRewritePass, Rewrite, is_plain_const, make_const, static_shape
-
-NAME = register_switch("ConvBiasAddFusionPass", GRAPH_FUSION,
-                       "merge constant per-channel adds after conv2d into one (1,C,1,1) bias add")
 
 
 def _fits(arr: np.ndarray, out_shape: tuple) -> bool:

@@ -21,11 +21,9 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import FOCUS_CONV as NAME
 from ._graph import GraphRewritePass, Refusal, Rewrite, int_list, make_const, static_shape
 
-NAME = register_switch("FocusConvFusionPass", GRAPH_FUSION,
-                       "YOLOv5 Focus (4 strided slices + concat + conv) -> one stride-2 conv")
 
 _PHASES = {(0, 0), (0, 1), (1, 0), (1, 1)}
 

@@ -16,11 +16,9 @@ import math
 
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import GELU as NAME
 from ._graph import GraphRewritePass, Rewrite, close, flatten_product, op_name
 
-NAME = register_switch("GeluFusionPass", GRAPH_FUSION,
-                       "recognise the erf and tanh forms of GELU as gelu / gelu_tanh")
 
 _ERF_SCALE = 1.0 / math.sqrt(2.0)
 _TANH_SCALE = math.sqrt(2.0 / math.pi)

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
-from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, dims, make_const, op_name
+from ..switches import LAYER_NORM as NAME
+from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, static_dims, make_const, op_name
 from ._norm import affine_param, keepdims_axes, trailing
-
-NAME = register_switch("LayerNormFusionPass", GRAPH_FUSION,
-                       "recognise mean/sub/pow/mean/add/sqrt/div(*gamma+beta) as layer_norm")
 
 
 class LayerNormFusionPass(GraphRewritePass):
@@ -68,7 +65,7 @@ class LayerNormFusionPass(GraphRewritePass):
         if sq.coef != 1.0 or sq.consts or sq.atoms != {d: 2}:
             return None
         internal |= prod.internal | sq.internal | {d, sub.args[1], ve, var_expr}
-        x_shape = dims(x)
+        x_shape = static_dims(x)
         if x_shape is None:
             raise Refusal(internal=internal, failed="input rank unknown")
         ndim = len(x_shape)

@@ -18,12 +18,9 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import MATMUL_BIAS_ADD as NAME
 from ._bias import bias_chain
 from ._graph import GenericConst, GraphRewritePass, Rewrite, is_plain_const, make_const, op_name, static_shape
-
-NAME = register_switch("MatMulBiasAddFusionPass", GRAPH_FUSION,
-                       "fold constant weight transposes into matmul and merge its bias adds into one")
 
 
 def _fits(arr: np.ndarray, out_shape: tuple) -> bool:

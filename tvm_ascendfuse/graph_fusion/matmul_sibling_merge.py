@@ -13,7 +13,7 @@ dot product over the same K values (a sibling without a bias gets zeros, ``y + 0
 
 An attention's query projection (the sibling feeding the left operand of a product whose result is
 softmaxed) is left out of the merge when the attention and its output projection are fused
-(``AttentionProjectionFusionPass``, with ``ChainedGemmFusionPass``: see ``configure``): that kernel then also
+(``AttentionProjectionFusionPass``, with ``ChainedGemmFusionPass``: ``query_apart``): that kernel then also
 computes the query rows (+ bias), per block of query rows and head, from the input it reads anyway for the
 residual, or from its own copy of the norm when the shared input is a row norm's output (LLaMA). Q never goes
 to GM; K and V are merged as before (every query block reads all of them).
@@ -32,13 +32,10 @@ import numpy as np
 from tvm import relax
 
 from ..report import CHECK_FAILED
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import MATMUL_SIBLING_MERGE as NAME
 from ..fusion_pass import FusionPass
-from ._graph import FunctionGraph, dims, make_const, op_name, static_shape
+from ._graph import FunctionGraph, static_dims, make_const, op_name, static_shape
 
-NAME = register_switch("MatMulSiblingMergeFusionPass", GRAPH_FUSION,
-                       "matmuls sharing one input with constant weights -> one matmul over concatenated "
-                       "weights (+ concatenated bias) and per-part slices")
 
 # Unary elementwise ops looked through when checking whether two siblings are combined later.
 _UNARY = ("relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.sigmoid",
@@ -85,17 +82,12 @@ class MatMulSiblingMergeFusionPass(FusionPass):
     """See the module docstring."""
 
     switch_name = NAME
-    query_apart = False     # set by ``configure`` from the attention + projection switch
 
-    def configure(self, switches) -> None:
-        """Query apart only when the attention kernel can take it: with chained GEMMs off, a pre-norm block's
-        next norm stays with the output projection (which then writes h and norm(h)), the attention kernel
-        (one output) cannot take that projection, and a query left apart would only cost a launch (W7: 6
-        launches, 74.2 MB, against 5 and 73.1 MB merged)."""
-        from ..grouping.attention_chain import ATTENTION_PROJECTION
-        from ..grouping.chain import CHAINED_GEMM
-
-        self.query_apart = switches.is_on(ATTENTION_PROJECTION) and switches.is_on(CHAINED_GEMM)
+    def __init__(self, target=None, report=None, enabled: bool = True, query_apart: bool = False):
+        """``query_apart``: leave an attention's query projection out of the merge, for the attention kernel to
+        compute (the pipeline sets it when that kernel can take the query, see ``pipeline.py``)."""
+        super().__init__(target, report, enabled)
+        self.query_apart = query_apart
 
     def transform_function(self, func, mod):
         graph = FunctionGraph(func)
@@ -153,7 +145,7 @@ class MatMulSiblingMergeFusionPass(FusionPass):
             return None
         w = graph.const(mm.args[1])
         out = static_shape(var)
-        lhs_dims = dims(mm.args[0])
+        lhs_dims = static_dims(mm.args[0])
         if w is None or w.ndim != 2 or out is None or not lhs_dims or lhs_dims[-1] is None:
             return None
         if len(lhs_dims) < 2 or out[-1] != w.shape[1]:

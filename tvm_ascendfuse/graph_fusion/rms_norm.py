@@ -13,12 +13,9 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
-from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, dims, make_const, op_name
+from ..switches import RMS_NORM as NAME
+from ._graph import GraphRewritePass, Refusal, Rewrite, flatten_product, static_dims, make_const, op_name
 from ._norm import affine_param, keepdims_axes, trailing
-
-NAME = register_switch("RMSNormFusionPass", GRAPH_FUSION,
-                       "recognise x * rsqrt(mean(x^2) + eps) * gamma as rms_norm")
 
 
 class RMSNormFusionPass(GraphRewritePass):
@@ -49,7 +46,7 @@ class RMSNormFusionPass(GraphRewritePass):
         if sq.coef != 1.0 or sq.consts or sq.atoms != {x: 2}:
             return None
         internal = prod.internal | sq.internal | {ve, ms_expr}
-        x_shape = dims(x)
+        x_shape = static_dims(x)
         if x_shape is None:
             raise Refusal(internal=internal, failed="input rank unknown")
         ndim = len(x_shape)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
-from ._graph import GraphRewritePass, Refusal, Rewrite, dims, flatten_product, op_name
+from ..switches import SOFTMAX as NAME
+from ._graph import GraphRewritePass, Refusal, Rewrite, static_dims, flatten_product, op_name
 from ._norm import keepdims_axes
-
-NAME = register_switch("SoftmaxFusionPass", GRAPH_FUSION, "recognise exp(x - max) / sum(exp(...)) as softmax")
 
 
 class SoftmaxFusionPass(GraphRewritePass):
@@ -39,7 +37,7 @@ class SoftmaxFusionPass(GraphRewritePass):
         if exp is None or total is None or not total.args[0].same_as(e_var):
             return None
         x, internal = exp.args[0], prod.internal | {e_var, s_var}
-        shape = dims(x)
+        shape = static_dims(x)
         if shape is None:
             raise Refusal(internal=internal, failed="input rank unknown")
         axes = keepdims_axes(total, len(shape))

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..switches import GRAPH_FUSION, register_switch
+from ..switches import SWISH as NAME
 from ._graph import GraphRewritePass, Rewrite, op_name
-
-NAME = register_switch("SwishFusionPass", GRAPH_FUSION, "recognise x * sigmoid(x) as silu")
 
 
 class SwishFusionPass(GraphRewritePass):

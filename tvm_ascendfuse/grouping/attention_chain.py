@@ -20,15 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..switches import UB_FUSION, register_switch
-from .capacity import CapacityCheck, row_block_check
+from ..tiling import CapacityCheck, attention_row_block
 from .chain import Chain, _norm_prologue, _static, reachable
-
-ATTENTION_PROJECTION = register_switch(
-    "AttentionProjectionFusionPass", UB_FUSION,
-    "cost-based grouping may merge attention with its output projection (+ residual) and its query projection "
-    "(+ norm), per block of query rows",
-    default_on=True)
 
 INJECTIVE, REDUCE, OUT_EWISE = 2, 3, 4
 
@@ -64,36 +57,6 @@ class AttentionChain(Chain):
             if self.prologue is not None:
                 out["query_norm"] = nodes[self.prologue].name
         return out
-
-
-def attention_row_block(heads: int, head_dim: int, keys: int, n2: int, rows: int, target, dtype_bytes: int = 4,
-                        norm_after: bool = False, query_k: int = 0, query_norm: bool = False) -> CapacityCheck:
-    """Query rows per block of the fused attention + projection, or the refusal when one row does not fit.
-
-    Per row of the block, for the head being computed: UB holds its score, exponential and probability rows
-    (``keys`` each: the schedule stages all three) and its output row (``head_dim``, the projection's panel), plus the projected row when a row norm
-    follows; L1 holds the block's Q and P rows for the cube and, once per head, the head's K and V panels
-    (``keys x head_dim`` each, double-buffered so the next head's load overlaps); L0C holds the projection's
-    accumulator rows (``n2``) across all heads. With the query projection inside (``query_k``: the input row
-    it reads), the block's input rows are staged in L1 for it (normalised first when a row norm precedes it:
-    one input row at a time in UB, double-buffered, and its normalised row) and the head's query rows are
-    one more ``head_dim`` row in UB."""
-    row = [keys, keys, keys, head_dim] + ([head_dim] if query_k else []) + ([n2] if norm_after else [])
-    l1_fixed = (2 if target.double_buffer else 1) * 2 * target.align_up(keys * head_dim * dtype_bytes, "l1")
-    l1 = target.capacity("local.L1")
-    fixed = 0
-    if query_norm:
-        fixed = (3 if target.double_buffer else 2) * target.align_up(query_k * dtype_bytes)
-    what = (f"per query row: one head's scores, exponentials and probabilities ({keys}) and output row ({head_dim})"
-            + (f", its query row ({head_dim})" if query_k else "")
-            + (f" and the projected row ({n2})" if norm_after else "")
-            + f"; in L1 the head's K and V panels ({keys}x{head_dim}) and the block's Q/P rows"
-            + (f" and input rows ({query_k})" if query_k else ""))
-    if l1_fixed >= l1:
-        return CapacityCheck(False, l1_fixed, l1, "L1", 0, f"one head's K and V panels ({keys}x{head_dim})")
-    caps = [(target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")),
-            (target.align_up((head_dim + keys + query_k) * dtype_bytes, "l1"), l1 - l1_fixed)]
-    return row_block_check(row, dtype_bytes, rows, target, what, resident=True, fixed=fixed, caps=caps)
 
 
 def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionChain | str | None:

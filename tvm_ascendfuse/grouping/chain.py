@@ -29,24 +29,15 @@ from tvm import tirx
 from tvm.ir import expr as iexpr
 from tvm.s_tir import stmt as sstmt
 
-from ..switches import UB_FUSION, register_switch
-from .capacity import CapacityCheck, row_block_check
+from ..tiling import PANEL_COLS, CapacityCheck, chain_row_block, staged_rows_bytes
 
 # On by default. A chain keeps the intermediate out of GM but streams both weights once per row block (from L2
-# on the NPU), which the byte model does not charge; GroupingConfig.chain_min_saving_vs_weights (grouping.py)
+# on the NPU), which the byte model does not charge; GroupingConfig.chain_min_saving_vs_weights (grouping/cost.py)
 # therefore keeps only chains whose intermediate round trip is a clear share of their weights: the wide FFN
-# intermediates of W3/W7 chain, equal-width MLP layers (W6) do not. On this CPU host a chain with two row
-# blocks per core measured ~1.1x the time of the two separate kernels (W3 FFN), parity at one per core.
-CHAINED_GEMM = register_switch(
-    "ChainedGemmFusionPass", UB_FUSION,
-    "cost-based grouping may chain two GEMMs (FFN up->down projection) in one kernel, per row block",
-    default_on=True)
+# intermediates of BERT and LLaMA chain, equal-width MLP layers do not. On this CPU host a chain with two row
+# blocks per core measured somewhat slower than the two separate kernels, parity at one per core.
 
 ELEMWISE, BROADCAST, INJECTIVE, REDUCE, OUT_EWISE = 0, 1, 2, 3, 4
-# Columns of the intermediate computed per step (the second product's K chunk). 128 rather than 64 halves the
-# passes over the accumulator rows; one thread, FFN kernel: W3 5.82 -> 4.91 ms, W7 24.3 -> 22.4 ms (two
-# threads unchanged); UB per W7 row 1.5 KiB.
-PANEL_COLS = 128
 
 
 @dataclass(frozen=True)
@@ -82,52 +73,6 @@ class Chain:
         return chain_row_block(self.n1, self.n2, min(self.n1, PANEL_COLS), len(self.first), self.rows, target,
                                dtype_bytes, staged_row=self.k1 if self.prologue is not None else 0,
                                norm_after=self.norm)
-
-
-def accumulator_in_l0c(n2: int, target, dtype_bytes: int = 4) -> bool:
-    """The second product's accumulator rows live in L0C (the cube accumulates there across the panels)
-    when one row fits it; else in UB."""
-    return target.align_up(n2 * dtype_bytes, "l0c") <= target.capacity("local.L0C")
-
-
-def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, target, dtype_bytes: int = 4,
-                    staged_row: int = 0, norm_after: bool = True) -> CapacityCheck:
-    """Rows per block of a chained GEMM (``tile_elems``), or the refusal when one row does not fit.
-
-    UB holds, per row of the block: one panel of the intermediate per first product plus the activated
-    panel, and the output row when the accumulator does not fit L0C or when a row norm follows the second
-    product (it reads the whole row again; a residual/bias epilogue alone streams the rows out of L0C). All of
-    it is produced and consumed on chip, so none is double-buffered. The accumulator rows live in L0C when one
-    fits (the cube accumulates there across the panels), which caps the block. With a norm prologue
-    (``staged_row``: the first product's input row length) the vector unit normalises one input row at a time
-    in UB (the input row streamed from GM, double-buffered, and its normalised row) and stages the block's
-    normalised rows in L1, where the cube reads its left operand for every panel: L1 caps the block too. The
-    weights stream to the cube through L1/L0A/L0B (``l0_check``)."""
-    in_l0c = accumulator_in_l0c(n2, target, dtype_bytes)
-    out_row = norm_after or not in_l0c
-    row = [panel] * (n_first + 1) + ([n2] if out_row else [])
-    fixed = 0
-    if staged_row:
-        fixed = (2 if target.double_buffer else 1) * target.align_up(staged_row * dtype_bytes) \
-            + target.align_up(staged_row * dtype_bytes)
-    what = (f"per row: a {panel}-column panel of the chained GEMM's intermediate ({n1} wide) per product"
-            + (f" and its output row ({n2})" if out_row else "")
-            + (f"; once: the input row ({staged_row}) being normalised and its normalised row" if staged_row else ""))
-    caps = []                                   # (bytes per row of the block, capacity) in L0C / L1
-    if in_l0c:
-        caps.append((target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")))
-    if staged_row:
-        l1_row = target.align_up(staged_row * dtype_bytes, "l1")
-        if l1_row > target.capacity("local.L1"):
-            return CapacityCheck(False, l1_row, target.capacity("local.L1"), "L1", 0,
-                                 f"one normalised input row ({staged_row}) of the chained GEMM")
-        caps.append((l1_row, target.capacity("local.L1")))
-    return row_block_check(row, dtype_bytes, rows, target, what, resident=True, fixed=fixed, caps=caps)
-
-
-def staged_rows_bytes(rows_per_block: int, staged_row: int, target, dtype_bytes: int = 4) -> int:
-    """L1 bytes of a norm prologue's normalised rows for one row block."""
-    return rows_per_block * target.align_up(staged_row * dtype_bytes, "l1")
 
 
 def row_operand_positions(prim: tirx.PrimFunc) -> tuple[int, ...]:

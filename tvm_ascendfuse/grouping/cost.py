@@ -1,9 +1,7 @@
-"""The modeled NPU time of a kernel, and of a candidate fused group (modeled, never measured).
+"""The grouping pass's prices: a kernel's modeled cost (``GroupCost``), block padding, and the knobs.
 
-    time = max(GM bytes / HBM bandwidth, vector FLOPs / vector peak, cube FLOPs / cube peak) / parallel eff.
-           + launch overhead
-
-All figures come from ``AscendTarget``. Tiling losses are charged explicitly:
+A group's time is the one roofline (``tvm_ascendfuse/cost.py``, modeled, never measured). Tiling losses are
+charged explicitly:
 * GM transfers move whole 32 B blocks: every tensor's innermost dimension is padded to ``ub_align``;
 * cube work is padded to the fractal (M, N, K rounded up to ``cube_m/n/k``, counted on the TIR);
 * a duplicated producer is recomputed in every group that holds a copy (its FLOPs and input reads count
@@ -17,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
+from ..cost import modeled_time_us
 from ..target import AscendTarget
 
 
@@ -56,10 +55,8 @@ class GroupCost:
     def time_us(self, target: AscendTarget) -> float:
         cores = target.cube_cores if self.uses_cube else target.vector_cores
         eff = min(1.0, max(1, self.tiles) / cores)
-        roof = max(self.gm_bytes / target.hbm_bytes_per_s,
-                   self.vector_flops / target.vector_flops(self.dtype_bytes),
-                   self.cube_flops / target.cube_flops())
-        return roof / eff * 1e6 + self.launches * target.launch_overhead_us
+        return modeled_time_us(self.gm_bytes, self.vector_flops, self.cube_flops, target, self.dtype_bytes,
+                               self.launches, parallel_efficiency=eff)
 
 
 def padded_bytes(shape: list[int], dtype_bytes: int, target: AscendTarget) -> int:
@@ -83,13 +80,6 @@ def pad_ratio(shape: list[int], dtype_bytes: int, target: AscendTarget) -> float
 
 def tiles_for(out_elems: int, tile_elems: int) -> int:
     return max(1, ceil(out_elems / max(1, tile_elems)))
-
-
-def merge_gain(parts: list[GroupCost], merged: list[GroupCost], target: AscendTarget) -> tuple[float, float, float]:
-    """(gain, time before, time after) in modeled microseconds."""
-    before = sum(p.time_us(target) for p in parts)
-    after = sum(m.time_us(target) for m in merged)
-    return before - after, before, after
 
 
 def accept(gain: float, before: float, cfg: GroupingConfig) -> bool:

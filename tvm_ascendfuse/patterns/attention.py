@@ -13,16 +13,12 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..switches import UB_FUSION, register_switch
+from ..switches import TBE_ATTENTION as SWITCH
 from .checks import (dims, float_dtypes, known_shapes, min_rank, op_name, private_intermediates, softmax_axes,
                      static_axes, tensor_type)
 from .registry import PatternSpec, declare
 from .softmax import masked, scaled
 from .working_set import Budget, add_cube_blocks, add_epilogue, clamp
-
-SWITCH = register_switch(
-    "TbeAttentionFusionPass", UB_FUSION,
-    "matmul(Q, K^T) * scale + mask -> softmax -> matmul(., V) as one kernel (score rows stay in UB)")
 
 
 def last_axis_softmax(ctx, target) -> "str | None":

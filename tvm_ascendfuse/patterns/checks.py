@@ -9,37 +9,14 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-import tvm
 from tvm import relax
 
+from ..ir import dims, dtype_bytes, op_name, tensor_type  # noqa: F401 - the pattern families import them from here
+
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
-                "int8": 1, "uint8": 1, "bool": 1}
 
 
-# ---- type and shape helpers ---------------------------------------------------------------------------
-def dtype_bytes(dtype) -> int:
-    """Bytes of one element (1 for sub-byte and unknown types, which we never fuse anyway)."""
-    d = str(dtype)
-    if d in _DTYPE_BYTES:
-        return _DTYPE_BYTES[d]
-    bits = tvm.runtime.DataType(d).bits
-    return max(1, bits // 8)
-
-
-def tensor_type(expr) -> "relax.TensorType | None":
-    ty = getattr(expr, "ty", None)
-    return ty if isinstance(ty, relax.TensorType) else None
-
-
-def dims(expr) -> "list[int | tvm.tirx.PrimExpr] | None":
-    """Shape of a tensor expression: ints for static dims, PrimExprs for symbolic ones; None if unknown."""
-    ty = tensor_type(expr)
-    if ty is None or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return [int(v.value) if isinstance(v, tvm.tirx.IntImm) else v for v in ty.shape.values]
-
-
+# ---- type and shape helpers (``ir.dims``, ``ir.dtype_bytes``, ``ir.op_name``, ``ir.tensor_type``) -------
 def static_product(shape) -> "int | None":
     """Element count of a shape, or None when any dim is symbolic."""
     n = 1
@@ -62,8 +39,9 @@ def name_of(var) -> str:
     return getattr(var, "name", None) or getattr(var, "name_hint", "?")
 
 
-def op_name(call) -> str:
-    return call.op.name if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) else "?"
+def _op_label(call) -> str:
+    """An op's name for a message ("?" for a call that is not a Relax op)."""
+    return op_name(call) or "?"
 
 
 # ---- group structure ----------------------------------------------------------------------------------
@@ -86,8 +64,8 @@ def annotated_var(ctx, key):
 def float_dtypes(ctx, target) -> "str | None":
     """The cube and vector units we model compute in float32/float16/bfloat16 only."""
     for var, call in group_calls(ctx):
-        for expr, what in [(var, f"result of {op_name(call)}")] + [(a, f"input of {op_name(call)}")
-                                                                     for a in call.args]:
+        for expr, what in [(var, f"result of {_op_label(call)}")] + [(a, f"input of {_op_label(call)}")
+                                                                       for a in call.args]:
             ty = tensor_type(expr)
             if ty is not None and str(ty.dtype) not in FLOAT_DTYPES:
                 return f"dtype {ty.dtype} ({what}) is not one of {'/'.join(FLOAT_DTYPES)}"
@@ -98,7 +76,7 @@ def known_shapes(ctx, target) -> "str | None":
     """Working sets need the rank of every tensor (dims may be symbolic)."""
     for var, call in group_calls(ctx):
         if tensor_type(var) is not None and dims(var) is None:
-            return f"result of {op_name(call)} has unknown shape"
+            return f"result of {_op_label(call)} has unknown shape"
     return None
 
 
@@ -108,7 +86,7 @@ def _escapes(ctx, allowed: set) -> "str | None":
     for var, value in ctx.matched_bindings.items():
         if var.same_as(root) or var in allowed:
             continue
-        what = op_name(value) if isinstance(value, relax.Call) else type(value).__name__
+        what = _op_label(value) if isinstance(value, relax.Call) else type(value).__name__
         if not isinstance(var, relax.DataflowVar):
             return f"intermediate '{name_of(var)}' ({what}) is an output of the dataflow block"
         others = [u for u in ctx.var_usages.get(var, []) if u not in inside]

@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, is_tuple_get_item, wildcard
 
-from ..switches import UB_FUSION, register_switch
+from ..switches import TBE_CONV_ELEMWISE as SWITCH
 from .activations import activation, te_clamp_only
 from .checks import dims, float_dtypes, group_calls, known_shapes, op_name, private_intermediates, tensor_type
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_cube_blocks, add_epilogue, clamp
-
-SWITCH = register_switch(
-    "TbeConvElemwiseFusionPass", UB_FUSION,
-    "conv2d + bias/batch_norm + activation (+ residual add) as one kernel: the epilogue runs on the cube's "
-    "output block in UB")
 
 
 def _batch_norm0(x):

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..switches import UB_FUSION, register_switch
+from ..switches import TBE_ELTWISE as SWITCH
 from .checks import float_dtypes, known_shapes, private_intermediates
 from .registry import PatternSpec, declare
 from .working_set import elementwise_working_set
 
-SWITCH = register_switch("TbeEltwiseFusionPass", UB_FUSION, "two or more elementwise ops in a row as one kernel")
 
 UNARY = ("relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.exp", "relax.negative", "relax.sqrt",
          "relax.rsqrt", "relax.abs", "relax.erf", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu",

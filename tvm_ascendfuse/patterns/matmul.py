@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..switches import UB_FUSION, register_switch
+from ..switches import TBE_MATMUL_ELEMWISE as SWITCH
 from .activations import activation, te_clamp_only
 from .checks import float_dtypes, known_shapes, min_rank, private_intermediates, tensor_type
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_cube_blocks, add_epilogue, cube_out_tile
-
-SWITCH = register_switch(
-    "TbeMatmulElemwiseFusionPass", UB_FUSION,
-    "matmul + bias + activation (+ residual add) as one kernel: the epilogue runs on the accumulator block")
 
 
 def _add(x):

@@ -14,23 +14,15 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..switches import UB_FUSION, register_switch
+from ..switches import TBE_ADD_LAYER_NORM as ADD_LN
+from ..switches import TBE_ADD_RMS_NORM as ADD_RMS
+from ..switches import TBE_LAYER_NORM_MATMUL as LN_MATMUL
+from ..switches import TBE_RMS_NORM_MATMUL as RMS_MATMUL
 from .activations import activation
 from .checks import (dims, dtype_bytes, float_dtypes, known_shapes, min_rank, norm_axes, private_except,
                      private_intermediates, static_axes, tensor_type)
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_cube_blocks, add_epilogue, cube_out_tile, row_tile
-
-LN_MATMUL = register_switch(
-    "TbeLayerNormMatmulFusionPass", UB_FUSION,
-    "layer_norm feeding matmul (+ bias + activation) as one kernel: normalised rows are the cube operand")
-RMS_MATMUL = register_switch(
-    "TbeRmsNormMatmulFusionPass", UB_FUSION,
-    "rms_norm feeding matmul (+ bias + activation) as one kernel: normalised rows are the cube operand")
-ADD_LN = register_switch(
-    "TbeAddLayerNormFusionPass", UB_FUSION, "residual add + layer_norm as one kernel (sum may be a 2nd output)")
-ADD_RMS = register_switch(
-    "TbeAddRmsNormFusionPass", UB_FUSION, "residual add + rms_norm as one kernel (sum may be a 2nd output)")
 
 
 def _layer_norm(x):

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..switches import UB_FUSION, register_switch
+from ..switches import TBE_SOFTMAX as SWITCH
 from .checks import dims, float_dtypes, known_shapes, private_intermediates, softmax_axes, static_axes
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_epilogue, row_tile
-
-SWITCH = register_switch(
-    "TbeSoftmaxFusionPass", UB_FUSION, "scale (multiply/divide) and mask add feeding softmax as one kernel")
 
 
 def scaled(x):

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..switches import UB_FUSION, register_switch
+from ..switches import TBE_SWIGLU as SWITCH
 from .checks import dims, float_dtypes, known_shapes, min_rank, private_intermediates, tensor_type
 from .registry import PatternSpec, declare
 from .working_set import Budget, add_cube_blocks, add_epilogue, cube_out_tile, elementwise_working_set
-
-SWITCH = register_switch(
-    "TbeSwiGluFusionPass", UB_FUSION, "silu(gate) * up, optionally with the gate/up matmuls, as one kernel")
 
 
 def silu(x):

@@ -1,8 +1,10 @@
 """The schedule phase: every unscheduled kernel gets the first rule that accepts it.
 
-Rules are tried in ``DEFAULT_RULES`` order (most specific first, the fallback last). A rule that raises is
-treated like one that declines, so a rule bug costs speed, never the build. The function keeps its attrs
-and is marked ``tirx.is_scheduled``; the report gets the rule per kernel.
+Rules are tried in ``DEFAULT_RULES`` order (most specific first, the fallback last). A rule declines by
+returning None. A rule that raises has a bug: the error is recorded in the report (``rule_errors``: per
+kernel, the rule and the error) and the next rule is tried, so a rule bug costs speed, never the build. The
+function keeps its attrs and is marked ``tirx.is_scheduled``; the report gets the rule per kernel and the
+notes the rules made (``schedule_notes``).
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from tvm import s_tir, tirx
 
 from ..analysis.ub_usage import ON_CHIP_SCOPES, canonical_scope, kernel_usage, normalize_scope_aliases
 from ..passbase import PyPass
+from ..progress import bar
 from ..report import FusionReport
 from ..target import AscendTarget, get_target
+from .analysis import reduction_kinds
 from .attention import AttentionRule
+from .base import Declined
 from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
 from .common import host_of
@@ -27,23 +32,23 @@ from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
-from .reduction import GemmNormRule, ReductionRule, reduction_kinds
-from .tuned import TunedRecordRule, open_database, records_dir
+from .reduction import GemmNormRule, ReductionRule
+from .tuned import tuned_rules
 
 # Most specific first. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule, PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+DEFAULT_RULES = (AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule,
+                 PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
-def default_rules(target: AscendTarget) -> list:
-    """Tuned records for this target first (when ``schedules/<target>/`` holds a database), then the rules."""
-    folder = records_dir(target.name)
-    tuned = [TunedRecordRule(open_database(folder))] if folder is not None else []
-    return tuned + _rule_instances(DEFAULT_RULES)
+def default_rules(target: AscendTarget, host=None) -> list:
+    """Tuned records for this target and host CPU first (when ``schedules/<target>/<cpu>/`` holds a database),
+    then the rules."""
+    return tuned_rules(target.name, host)[0] + _rule_instances(DEFAULT_RULES)
 
 
 def product_blocks(func: tirx.PrimFunc) -> int:
-    """GEMM-like blocks (``reduction.is_product_block``) of a kernel, counted without building a schedule:
+    """GEMM-like blocks (``analysis.is_product_block``) of a kernel, counted without building a schedule:
     a rule with ``min_products`` above the count is not tried (each rule's own analysis builds a schedule
     first, tens of ms per rule and kernel)."""
     return reduction_kinds(func).count("P")
@@ -103,6 +108,12 @@ def _rule_instances(rules):
     return [r() if isinstance(r, type) else r for r in rules]
 
 
+def _message(err: Exception) -> str:
+    """``Type: last line`` of an exception (TVM's errors put the message last, after a backtrace)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[-1][:200]}" if lines else type(err).__name__
+
+
 class ApplyUBSchedules(PyPass):
     """Module pass: schedule each PrimFunc without ``tirx.is_scheduled`` with the first accepting rule."""
 
@@ -111,27 +122,39 @@ class ApplyUBSchedules(PyPass):
         self.target = get_target(target) if not isinstance(target, AscendTarget) else target
         self.report = report
         self.host = host
-        self.rules = _rule_instances(rules if rules is not None else default_rules(self.target))
+        # without rules given: the records for the host CPU, looked up when the host is known (transform)
+        self.rules = _rule_instances(rules) if rules is not None else None
+        self.tuning: dict = {}   # what the report's ``tuning`` section says about the records
 
     def pass_name(self) -> str:
         return "AscendApplyUBSchedules"
 
+    def _rules(self, host) -> list:
+        if self.rules is None:
+            tuned, self.tuning = tuned_rules(self.target.name, host)
+            self.rules = tuned + _rule_instances(DEFAULT_RULES)
+        return self.rules
+
     def schedule_one(self, name: str, func: tirx.PrimFunc, host):
-        """(new function, rule name, notes) for one kernel; the function is unchanged when no rule fits."""
-        notes = []
+        """(new function, rule name, notes, rule errors) for one kernel; the function is unchanged when no rule
+        fits. A rule error is ``{"rule": name, "message": the exception}``."""
+        notes, errors = [], []
         prepared = use_fast_math(normalize_scope_aliases(func))
         products = product_blocks(prepared)
-        for rule in self.rules:
-            if products < getattr(rule, "min_products", 0):
+        for rule in self._rules(host):
+            if products < rule.min_products:
                 continue
             try:
-                sch = rule.apply(prepared, self.target, host)
-            except Exception as err:  # noqa: BLE001 - a failing rule declines
-                notes.append(f"{rule.name}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__}")
+                result = rule.apply_with_note(prepared, self.target, host)
+            except Exception as err:  # noqa: BLE001 - a rule bug: reported, and the next rule is tried
+                errors.append({"rule": rule.name, "message": _message(err)})
                 continue
-            if sch is None:
+            if result is None:
                 continue
-            new = sch.mod["main"]
+            if isinstance(result, Declined):
+                notes.append(f"{rule.name}: {result.reason}")
+                continue
+            new = result.sch.mod["main"]
             if _symbolic_on_chip(name, new, self.target):
                 # TVM cannot lower an on-chip (tagged) buffer of symbolic size ("Special tagged memory must be
                 # const size"): a rule that left one, e.g. a full symbolic-length row staged in UB, declines.
@@ -150,30 +173,39 @@ class ApplyUBSchedules(PyPass):
                 continue
             for key, value in (func.attrs or {}).items():
                 new = new.with_attr(key, value)
-            note = getattr(rule, "note", None)
-            if note:
-                notes.append(note)
-            return new.with_attr("tirx.is_scheduled", True), rule.name, notes
-        return func, None, notes
+            if result.note:
+                notes.append(result.note)
+            return new.with_attr("tirx.is_scheduled", True), rule.name, notes, errors
+        return func, None, notes, errors
 
     def transform_module(self, mod):
         host = host_of(self.host)
-        chosen, all_notes = {}, {}
-        for gv, func in list(mod.functions.items()):
-            if not isinstance(func, tirx.PrimFunc):
-                continue
-            if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
-                continue
-            new, rule, notes = self.schedule_one(gv.name_hint, func, host)
+        chosen, all_notes, all_errors = {}, {}, {}
+        todo = [(gv, func) for gv, func in mod.functions.items() if isinstance(func, tirx.PrimFunc)
+                and not (func.attrs is not None and "tirx.is_scheduled" in func.attrs)]
+        # on a terminal, a bar once scheduling takes more than two seconds (large models)
+        with bar(total=len(todo), desc="scheduling", unit="kernel", delay=2.0) as shown:
+            results = []
+            for gv, func in todo:
+                results.append((gv, func, *self.schedule_one(gv.name_hint, func, host)))
+                shown.update()
+        for gv, func, new, rule, notes, errors in results:
             chosen[gv.name_hint] = rule or "unscheduled"
             if notes:
                 all_notes[gv.name_hint] = notes
+            if errors:
+                all_errors[gv.name_hint] = errors
             if rule is not None:
                 mod[gv] = new
         if self.report is not None:
+            if self.tuning:
+                applied = sum(rule == "tuned" for rule in chosen.values())
+                self.report.sections["tuning"] = {**self.tuning, "kernels_tuned": applied}
             self.report.sections.setdefault("schedules", {}).update(chosen)
             if all_notes:
                 self.report.sections.setdefault("schedule_notes", {}).update(all_notes)
+            if all_errors:
+                self.report.sections.setdefault("rule_errors", {}).update(all_errors)
             for row in self.report.kernels:
                 if row.get("name") in chosen:
                     row["rule"] = chosen[row["name"]]
@@ -223,7 +255,7 @@ class ScheduleKernels(PyPass):
         first = dict(zip(before, mid)) if len(before) == len(mid) else {}
         final = dict(zip(mid, after)) if len(mid) == len(after) else {}
         sections = self.report.sections
-        for key in ("schedules", "schedule_notes"):
+        for key in ("schedules", "schedule_notes", "rule_errors"):
             if key in sections:
                 sections[key] = {final.get(k, k): v for k, v in sections[key].items()}
         rules = sections.get("schedules", {})

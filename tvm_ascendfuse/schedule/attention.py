@@ -13,34 +13,16 @@ from __future__ import annotations
 import math
 import re
 
-import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
+from .analysis import is_cheap, is_contraction, is_copy, leading_spatial, reduction_between_products
 from .base import UB_SCOPE, ScheduleRule
-from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
-                     num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
+from .common import (block_infos, blocks_under, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
+                     num_cores, ok, root_blocks, still_exists, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction
-from .reduction import ReductionRule, _leading_s, is_contraction, reduction_kinds
-
-
-def is_cheap(sch, block) -> bool:
-    """A stage worth recomputing in each consumer: plain arithmetic, no calls or let-bound polynomials."""
-    found = []
-    tvm_ffi.structural_walk(sch.get(block).body,
-                            ((tvm.ir.expr.Call, tirx.Let), lambda e: found.append(e)))
-    return not found
-
-
-def is_copy(sch, block) -> bool:
-    """A pure layout stage (transpose / reshape / slice): its value is one load of another buffer."""
-    body = sch.get(block).body
-    value = body.value if isinstance(body, tirx.BufferStore) else None
-    while isinstance(value, tirx.Cast):
-        value = value.value
-    return isinstance(value, tvm.ir.expr.TensorLoad)
+from .partial_sums import vectorize_rf
 
 
 class AttentionRule(ScheduleRule):
@@ -49,17 +31,13 @@ class AttentionRule(ScheduleRule):
     name = "attention"
     min_products = 2
 
-    def __init__(self):
-        self.note = None
-
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        self.note = None
         if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) == "bfloat16" for p in func.params):
             # bf16 is stored as uint16 on the host; this rule's vectorized stores then fail TVM's BF16
             # legalization ("dtype mismatch on BufferStore ... T.bfloat16x8"). Another rule takes it.
             return None
         if not reduction_between_products(func):
-            return None     # e.g. a chained FFN: declined before building a schedule (~4 ms on W3's)
+            return None     # e.g. a chained FFN: declined before building a schedule (which takes milliseconds)
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
         if not infos:
@@ -75,8 +53,8 @@ class AttentionRule(ScheduleRule):
         if not any(b.is_reduction() for b in between):
             return None                       # no softmax between the two products: not attention
         c1, c2 = infos[i1], infos[i2]
-        n_s2 = _leading_s(c2.dom_kind())
-        n_s1 = _leading_s(c1.dom_kind())
+        n_s2 = leading_spatial(c2.dom_kind())
+        n_s1 = leading_spatial(c1.dom_kind())
         if n_s2 < 2 or n_s1 != n_s2:
             return None
         nb = n_s2 - 2                         # batch (and head) axes
@@ -139,9 +117,7 @@ class AttentionRule(ScheduleRule):
                and head_bytes + copies * rb * 2 * row_bytes <= target.ub_usable):
             rb *= 2
         if head_bytes + copies * rb * row_bytes > target.ub_usable:
-            self.note = (f"one score row block needs {head_bytes + copies * row_bytes} B of UB > "
-                         f"{target.ub_usable} B usable")
-            return None
+            return None                       # one block of score rows does not fit UB
         cores = num_cores(host)
         while rb > 4 and isinstance(sq, int) and batch * math.ceil(sq / rb) < 2 * cores:
             rb //= 2
@@ -152,7 +128,7 @@ class AttentionRule(ScheduleRule):
         # Softmax reductions: lane-wide partials (rfactor before compute_at).
         rf_blocks = []
         for info in between:
-            if not info.is_reduction() or _gone(sch, info.block_rv):
+            if not info.is_reduction() or not still_exists(sch, info.block_rv):
                 continue
             blk = info.block_rv
             ok(sch.set_scope, blk, 0, UB_SCOPE)
@@ -192,38 +168,22 @@ class AttentionRule(ScheduleRule):
         if cores > 1:
             ok(sch.parallel, tile)
 
-        for blk in ReductionRule._blocks_under(sch, tile):
+        for blk in blocks_under(sch, tile):
             stmt = sch.get(blk)
             name = stmt.name_hint
             if name in rf_blocks:
-                ReductionRule._vectorize_rf(sch, blk)
+                vectorize_rf(sch, blk)
             elif any(iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.iter_vars):
                 if is_contraction(sch, blk):
                     schedule_contraction(sch, blk, lanes)
                 else:
                     # the final sum/max over the rf lanes: its innermost loop runs over the block's rows,
                     # contiguous in the partials and the result. Vectorised across rows instead of scalar
-                    # (same speed; LLVM's unroll + SLP of the scalar form cost ~15 ms per kernel)
+                    # (same speed; LLVM's unroll + SLP of the scalar form cost compile time on every kernel)
                     innermost_vector(sch, blk, lanes)
             else:
                 innermost_vector(sch, blk, lanes)
         return sch
-
-
-def reduction_between_products(func: tirx.PrimFunc) -> bool:
-    """Whether some non-product reduction block (the softmax) lies between two product blocks, in program
-    order; a cheap necessary condition for the rule, read off the unscheduled function."""
-    order = reduction_kinds(func)
-    first, last = order.find("P"), order.rfind("P")
-    return first >= 0 and "R" in order[first:last]
-
-
-def _gone(sch, block) -> bool:
-    try:
-        sch.get(block)
-        return False
-    except Exception:  # noqa: BLE001 - inlined blocks no longer resolve
-        return True
 
 
 def _row_indexed(sch, product, block) -> bool:

@@ -1,4 +1,5 @@
-"""AttentionProjectionRule: attention and its output projection in one kernel (``grouping/attention_chain.py``).
+"""AttentionProjectionRule: attention and its output projection in one kernel (``grouping/attention_chain.py``
+groups it).
 
 The kernel walks blocks of ``m`` query rows (parallel over the cores). For one row block the projection's
 accumulator rows (``m x n2``, ``local.L0C``) are zeroed, then the heads are walked one at a time, each head
@@ -18,7 +19,7 @@ starts by normalising its rows once (row sums of squares as vector partial sums,
 (register tiles over the pre-packed ``D`` columns of Wq, in UB): Q never goes to GM either.
 
 After the last head the epilogue (bias, residual) runs on the accumulator rows and they are written out. The
-head-merged attention output never exists in GM. ``m`` comes from ``grouping/attention_chain`` (the budget
+head-merged attention output never exists in GM. ``m`` comes from ``tiling.attention_row_block`` (the budget
 the grouping pass checked), cut to a divisor of the rows and to rows / host cores.
 """
 
@@ -29,27 +30,17 @@ import math
 import tvm
 from tvm import s_tir, tirx
 
-from ..grouping.attention_chain import attention_row_block
 from ..target import AscendTarget, get_target
-from .attention import is_cheap, is_copy, reduction_between_products
-from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule
-from .chained_gemm import (
-    ACCUMULATORS,
-    ChainedGemmRule,
-    _closure,
-    _has_reduce,
-    _largest_divisor,
-    _loop_of_reduction,
-    _name,
-    _reduces_row,
-    _vectorize_partial_sums,
-    float32_only,
-    lane_partials,
-)
+from ..tiling import attention_row_block
+from .analysis import (block_name, closure, float32_only, has_reduce, is_cheap, is_contraction, is_copy,
+                       match_norm_prologue, reduces_row, reduction_between_products)
+from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule, Scheduled
 from .common import (
     extent,
     innermost_vector,
     is_output_block,
+    largest_divisor,
+    loop_of_reduction,
     num_cores,
     ok,
     root_blocks,
@@ -57,9 +48,9 @@ from .common import (
     vector_lanes,
     vector_width_for,
 )
-from .contraction import micro_tile, schedule_contraction
+from .contraction import ACCUMULATORS, micro_tile, prepack_product_weight, schedule_contraction, tile_product
 from .layout import PREPROC_ANNOTATION
-from .reduction import ReductionRule, is_contraction
+from .partial_sums import lane_partials, stage_norm_prologue, vectorize_partial_sums, vectorize_rf
 
 
 class AttentionProjectionRule(ScheduleRule):
@@ -68,11 +59,7 @@ class AttentionProjectionRule(ScheduleRule):
     name = "attention-projection"
     min_products = 3
 
-    def __init__(self):
-        self.note = None
-
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
-        self.note = None
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         if not float32_only(func) or not reduction_between_products(func):
             return None          # e.g. a chained FFN's three products: declined before building a schedule
         # index arithmetic of the reshapes simplified over the block domains (``(k // 1024 + i) % 256`` -> ``i``):
@@ -88,35 +75,35 @@ class AttentionProjectionRule(ScheduleRule):
     @staticmethod
     def _plan(sch):
         """{"qk", "pv", "proj", "query": product names (query None without one), "out": the output block,
-        "norm": the query's norm prologue (chained_gemm's form)} when the kernel's products are [query
+        "norm": the query's norm prologue (``analysis.match_norm_prologue``)} when the kernel's products are [query
         projection,] Q·Kᵀ, P·V and the projection in that order, with the softmax's reductions between the two
         attention products, at most a row norm in front of the query projection and after the projection, and
         one output after the projection."""
         blocks = list(root_blocks(sch))
-        names = [_name(sch, b) for b in blocks]
+        names = [block_name(sch, b) for b in blocks]
         by_name = dict(zip(names, blocks))
-        products = [n for b, n in zip(blocks, names) if _has_reduce(sch, b) and is_contraction(sch, b)]
+        products = [n for b, n in zip(blocks, names) if has_reduce(sch, b) and is_contraction(sch, b)]
         if len(products) not in (3, 4):
             return None
         query = products[0] if len(products) == 4 else None
         qk, pv, proj = products[-3:]
         at = {n: i for i, n in enumerate(names)}
-        if query is not None and query not in _closure(sch, by_name[qk], sch.get_producers):
+        if query is not None and query not in closure(sch, by_name[qk], sch.get_producers):
             return None
         start = at[query] if query is not None else -1
         for n, b in zip(names, blocks):
-            if n in products or not _has_reduce(sch, b):
+            if n in products or not has_reduce(sch, b):
                 continue
-            if not (at[qk] < at[n] < at[pv] or ((at[n] > at[proj] or at[n] < start) and _reduces_row(sch, b))):
+            if not (at[qk] < at[n] < at[pv] or ((at[n] > at[proj] or at[n] < start) and reduces_row(sch, b))):
                 return None                    # a reduction neither the softmax's nor a row norm's
-        if not any(_has_reduce(sch, b) for n, b in zip(names, blocks) if at[qk] < at[n] < at[pv]):
+        if not any(has_reduce(sch, b) for n, b in zip(names, blocks) if at[qk] < at[n] < at[pv]):
             return None
         outputs = [n for n, b in zip(names, blocks) if is_output_block(sch, b)]
         if len(outputs) != 1 or outputs[0] != names[-1] or at[proj] == len(names) - 1:
             return None                        # the projection writes through an epilogue (residual, bias)
         norm = {"stage": [], "out": None}
         if query is not None:
-            norm = ChainedGemmRule._norm_prologue(sch, by_name, names[:start], [query])
+            norm = match_norm_prologue(sch, by_name, names[:start], [query])
             if norm is None:
                 return None
         pv_buf = sch.get(blocks[at[pv]]).writes[0].source
@@ -143,18 +130,18 @@ class AttentionProjectionRule(ScheduleRule):
             if n in (qk, pv, proj, out, kt, query) or n in norm["stage"] or at[n] > at[proj]:
                 continue
             blk = get(n)
-            if _has_reduce(sch, blk):
+            if has_reduce(sch, blk):
                 continue
             consumers = sch.get_consumers(blk)
             if at[qk] < at[n] < at[pv] and len(consumers) > 1 and not is_cheap(sch, blk):
                 continue                      # an expensive value read twice: computed once, staged
             if at[qk] < at[n] < at[pv] and not is_copy(sch, blk) \
-                    and any(_name(sch, c) == pv for c in consumers):
+                    and any(block_name(sch, c) == pv for c in consumers):
                 continue                      # the probabilities: staged, not divided again in every FMA
             ok(sch.compute_inline, blk)
         for n in order[at[proj] + 1:-1]:
             ok(sch.compute_inline, get(n))
-        norm_blocks, norm_rf = ChainedGemmRule._norm_stage(sch, norm, lanes)
+        norm_blocks, norm_rf = stage_norm_prologue(sch, norm, lanes)
         if norm_blocks is None:
             return None
 
@@ -166,32 +153,31 @@ class AttentionProjectionRule(ScheduleRule):
         keys = extent(sch, sch.get_loops(get(qk))[-2])
         if n1 != heads * d or keys is None:
             return None
-        norm_after = any(_has_reduce(sch, get(n)) for n in order[at[proj] + 1:] if try_(get, n) is not None)
+        norm_after = any(has_reduce(sch, get(n)) for n in order[at[proj] + 1:] if try_(get, n) is not None)
         query_k = extent(sch, sch.get_loops(get(query))[-1]) if query is not None else 0
         check = attention_row_block(heads, d, keys, n2, rows, target, 4, norm_after=norm_after,
                                     query_k=query_k or 0, query_norm=norm["out"] is not None)
         if not check.fits:
-            self.note = f"one query row needs {check.needed_bytes} B of {check.scope} > {check.available_bytes} B"
-            return None
+            return None             # one query row does not fit (the grouping pass refuses such a group)
         cores = num_cores(host)
         # a divisor of one sequence's query rows, so that no row block straddles two batch entries (it would
         # compute the attention stages of both)
-        m = _largest_divisor(rows_dom[-3], min(check.tile_elems, max(1, rows // max(1, cores))))
+        m = largest_divisor(rows_dom[-3], min(check.tile_elems, max(1, rows // max(1, cores))))
 
         rf_names = lane_partials(sch, order[at[qk] + 1:at[pv]], lanes)      # the softmax's max and sum
 
         # the projection's weight pre-packed in (head panel, column panel) order; its accumulator in L0C
         v2 = vector_width_for(n2, lanes)
         mr2, nvec2 = micro_tile(m, n2, v2, ACCUMULATORS)
-        nvec2 = _largest_divisor(n2 // v2, nvec2)
-        mr2 = _largest_divisor(m, mr2)
-        ChainedGemmRule._prepack(sch, get(proj), nvec2 * v2, d)
+        nvec2 = largest_divisor(n2 // v2, nvec2)
+        mr2 = largest_divisor(m, mr2)
+        prepack_product_weight(sch, get(proj), nvec2 * v2, d)
         sch.set_scope(get(proj), 0, L0C_SCOPE)
         if query is not None:                  # the query projection: m x D register tiles over Wq's head panel
             v1 = vector_width_for(d, lanes)
             mr1, nvec1 = micro_tile(m, d, v1, ACCUMULATORS)
-            nvec1, mr1 = _largest_divisor(d // v1, nvec1), _largest_divisor(m, mr1)
-            ChainedGemmRule._prepack(sch, get(query), nvec1 * v1)
+            nvec1, mr1 = largest_divisor(d // v1, nvec1), largest_divisor(m, mr1)
+            prepack_product_weight(sch, get(query), nvec1 * v1)
 
         # anchor: m output rows at a time, everything else under that loop
         loops = sch.get_loops(get(out))
@@ -199,7 +185,7 @@ class AttentionProjectionRule(ScheduleRule):
             return None
         row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
         rb, _ = sch.split(row, [None, m])
-        for b in reversed([b for b in root_blocks(sch) if _name(sch, b) != out]):
+        for b in reversed([b for b in root_blocks(sch) if block_name(sch, b) != out]):
             if PREPROC_ANNOTATION in sch.get(b).annotations:
                 continue                      # the weight re-layout stays at the root (packed at compile time)
             sch.compute_at(b, rb, preserve_unit_loops=True)
@@ -214,14 +200,14 @@ class AttentionProjectionRule(ScheduleRule):
         # the projection's reduction walked one head (D columns of the merged rows) at a time
         ploops = sch.get_loops(get(proj))
         at_rb = next(i for i, l in enumerate(ploops) if sch.get(l).same_as(sch.get(rb)))
-        red = next(l for l in ploops[at_rb + 1:] if _loop_of_reduction(sch, get(proj), l))
+        red = next(l for l in ploops[at_rb + 1:] if loop_of_reduction(sch, get(proj), l))
         head, _ = sch.split(red, [None, d])
         ploops = sch.get_loops(get(proj))
-        sch.reorder(head, *[l for l in ploops[at_rb + 1:] if not _loop_of_reduction(sch, get(proj), l)])
+        sch.reorder(head, *[l for l in ploops[at_rb + 1:] if not loop_of_reduction(sch, get(proj), l)])
         # every attention stage (rfactor partials included) computed for one head of the row block; the
         # query's normalised rows once per row block, staged in L1 for every head
         stages = (set(order[at[query] if query else 0:at[proj]]) | rf_names) - set(norm_blocks)
-        attention = [_name(sch, b) for b in root_blocks(sch) if _name(sch, b) in stages]
+        attention = [block_name(sch, b) for b in root_blocks(sch) if block_name(sch, b) in stages]
         for n in reversed(attention):
             sch.compute_at(get(n), head, preserve_unit_loops=True)
         for n in attention:
@@ -229,38 +215,39 @@ class AttentionProjectionRule(ScheduleRule):
                 try_(sch.set_scope, get(n), 0, L1_SCOPE if n == kt else UB_SCOPE)
         for n in norm_blocks:
             try_(sch.set_scope, get(n), 0, L1_SCOPE if n == norm["out"] else UB_SCOPE)
-        ChainedGemmRule._tile(sch, get(proj), mr2, nvec2, v2, whole=False)
+        tile_product(sch, get(proj), mr2, nvec2, v2, whole=False)
         if query is not None:
-            ChainedGemmRule._tile(sch, get(query), mr1, nvec1, v1, whole=True)
+            tile_product(sch, get(query), mr1, nvec1, v1, whole=True)
         for n in norm_blocks:
             if n in norm_rf:
-                _vectorize_partial_sums(sch, get(n))
-            elif not _has_reduce(sch, get(n)):
+                vectorize_partial_sums(sch, get(n))
+            elif not has_reduce(sch, get(n)):
                 innermost_vector(sch, get(n), lanes)
         for n in attention:
             if n == query:
                 continue
             blk = get(n)
             if n in rf_names:
-                ReductionRule._vectorize_rf(sch, blk)
-            elif _has_reduce(sch, blk) and is_contraction(sch, blk):
+                vectorize_rf(sch, blk)
+            elif has_reduce(sch, blk) and is_contraction(sch, blk):
                 schedule_contraction(sch, blk, lanes)
             elif n == kt:
                 self._transpose_rows(sch, blk)
             else:
                 innermost_vector(sch, blk, lanes)
-        self.note = (f"query rows per block {m}, {heads} heads of {d} as the projection's panels, "
+        note = (f"query rows per block {m}, {heads} heads of {d} as the projection's panels, "
                      f"projection tile {mr2}x{nvec2 * v2}, accumulator rows in L0C")
-        sch.annotate(get(proj), "ascendfuse.schedule", self.note)
+        sch.annotate(get(proj), "ascendfuse.schedule", note)
         init = sch.decompose_reduction(get(proj), head)
         innermost_vector(sch, init, lanes)
-        return sch
+        return Scheduled(sch, note)
 
     @staticmethod
     def _transpose_rows(sch, blk):
         """Kᵀ[d, j] = K[j, d] walked along K's rows: contiguous loads, scalar stores into the staged panel,
-        the row unrolled. Vectorised along j (a 16-lane gather per store: 3072-float row stride) it took 21%
-        of the kernel; vectorised along d the stores became scatters. W7, one thread: 9.5 -> 5.9 ms."""
+        the row unrolled. Vectorised along j (a 16-lane gather per store: K's rows are a merged projection's
+        width apart) it took a fifth of the kernel; vectorised along d the stores became scatters. Walking
+        the rows measured much faster on LLaMA's attention with one thread."""
         loops = sch.get_loops(blk)
         sch.reorder(loops[-1], loops[-2])
         ok(sch.unroll, sch.get_loops(blk)[-1])

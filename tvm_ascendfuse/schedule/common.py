@@ -1,4 +1,4 @@
-"""Sizing and loop helpers shared by the schedule rules.
+"""Sizing, loop and vectorise helpers shared by the schedule rules.
 
 Tile sizes come from the AscendTarget (usable UB, double buffering, 32 B alignment); vector width and
 thread count come from the llvm host target, because on this host UB tiling is cache blocking.
@@ -6,18 +6,20 @@ thread count come from the llvm host target, because on this host UB tiling is c
 
 from __future__ import annotations
 
-import math
-
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr, normalize_prim_func
 
-from ..target import AscendTarget
+from ..ir import dtype_bytes
+from ..target import AscendTarget, get_target
 
-__all__ = ["block_infos", "buffer_bytes", "extent", "host_of", "num_cores", "vector_lanes", "vector_width_for",
-           "tile_elements", "is_output_block", "try_", "ok", "loops_through", "root_blocks", "innermost_vector",
-           "vector_storable"]
+get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
+
+
+def as_target(target) -> AscendTarget:
+    """The AscendTarget itself, or the one a name or file describes."""
+    return target if isinstance(target, AscendTarget) else get_target(target)
 
 
 def host_of(host):
@@ -70,14 +72,6 @@ def writes_as_many(sch: s_tir.Schedule, block, shape) -> bool:
     return want is not None and all(count(w.source.ty.shape) == want for w in sch.get(block).writes)
 
 
-def accumulating_store(stmt):
-    """The ``C[...] = C[...] + ...`` store of a reduction block with an init, else None (GEMM/conv matchers)."""
-    body = stmt.body
-    if stmt.init is None or not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
-        return None
-    return body
-
-
 def selects_by_index(sch: s_tir.Schedule, block) -> bool:
     """Does ``block`` choose between sources by its own indices (a concatenate, possibly inlined into a
     slice)? Such a block reads a producer tile only in one branch, and reverse_compute_at derives its
@@ -120,19 +114,7 @@ def vector_width_for(ext: int | None, lanes: int) -> int:
 
 
 def buffer_bytes(buf) -> int:
-    return tvm.DataType(str(buf.dtype)).bits // 8
-
-
-def tile_elements(target: AscendTarget, bytes_per_element: int, align_elems: int = 1) -> int:
-    """Elements per tile so that the tile's working set (``bytes_per_element`` summed over the buffers it
-    touches, doubled when double-buffered, each buffer padded to the UB alignment) fits usable UB."""
-    copies = 2 if target.double_buffer else 1
-    budget = target.ub_usable // copies
-    n = budget // max(1, bytes_per_element)
-    # leave room for rounding every buffer up to the alignment
-    n -= math.ceil(target.ub_align / max(1, bytes_per_element)) * 4
-    step = max(1, align_elems)
-    return max(step, (n // step) * step)
+    return dtype_bytes(buf.dtype)
 
 
 def block_infos(sch: s_tir.Schedule):
@@ -153,10 +135,11 @@ def is_output_block(sch: s_tir.Schedule, block) -> bool:
 
 def try_(step, *args, **kwargs):
     """Run one optional schedule primitive; a ScheduleError (legality check) means 'skip this step'.
-    Primitives check legality before they change the IR, so the schedule stays valid."""
+    Primitives check legality before they change the IR, so the schedule stays valid. Any other error is a
+    bug and propagates."""
     try:
         return step(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - any refusal of an optional step
+    except s_tir.ScheduleError:
         return None
 
 
@@ -178,7 +161,7 @@ def ok(step, *args, **kwargs) -> bool:
     try:
         step(*args, **kwargs)
         return True
-    except Exception:  # noqa: BLE001 - any refusal of an optional step
+    except s_tir.ScheduleError:
         return False
 
 
@@ -214,3 +197,86 @@ def innermost_vector(sch: s_tir.Schedule, block, lanes: int) -> None:
     if ext > v:
         inner = sch.split(inner, [None, v])[1]
     ok(sch.vectorize, inner)
+
+
+def vectorize_inner(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """Vectorise a block's innermost loop by the widest power of two dividing it (split off when shorter than
+    the loop). Unlike ``innermost_vector`` it does not look at what else the loop runs: for a block whose
+    innermost loop is its own (a staged copy, an epilogue placed at a tile loop)."""
+    if not vector_storable(sch, block):
+        return          # bool / sub-byte stores stay scalar (see vector_storable)
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    ext = extent(sch, loops[-1])
+    if ext is None or ext < 2:
+        return
+    v = vector_width_for(ext, lanes)
+    if v < 2:
+        return
+    inner = sch.split(loops[-1], [None, v])[1] if ext > v else loops[-1]
+    try_(sch.vectorize, inner)
+
+
+def parallel_vector(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """Root-level injective block: parallel over the outer loops, vectorised inner loop."""
+    loops = sch.get_loops(block)
+    if len(loops) > 1:
+        try_(sch.parallel, sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
+    vectorize_inner(sch, block, lanes)
+
+
+def largest_divisor(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` not above ``cap`` (1 when ``cap`` < 1)."""
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def still_exists(sch: s_tir.Schedule, block) -> bool:
+    """False once ``block`` was inlined away."""
+    try:
+        sch.get(block)
+        return True
+    except ValueError:      # "The block no longer exists in the IRModule"
+        return False
+
+
+def transitive_producers(sch: s_tir.Schedule, block) -> list:
+    """Producer blocks of ``block`` inside the function, nearest last (compute_at order: consumers first)."""
+    seen, order = set(), []
+
+    def visit(b):
+        for p in sch.get_producers(b):
+            name = sch.get(p).name_hint
+            if name in seen:
+                continue
+            seen.add(name)
+            visit(p)
+            order.append(p)
+
+    visit(block)
+    return order
+
+
+def loop_of_reduction(sch: s_tir.Schedule, block, loop) -> bool:
+    """Does ``loop`` drive a reduction iterator of ``block``?"""
+    realize = get_realize(sch, block)
+    name = sch.get(loop).loop_var.name
+    for iv, val in zip(realize.block.iter_vars, realize.iter_values):
+        if iv.iter_type == tirx.IterVar.CommReduce and name in {v.name for v in collect_vars_used_in_prim_expr(val)}:
+            return True
+    return False
+
+
+def blocks_under(sch: s_tir.Schedule, loop) -> list:
+    """The blocks nested under ``loop``, in program order."""
+    found = []
+
+    def visit(stmt):
+        if isinstance(stmt, s_tir.SBlockRealize):
+            found.append(stmt.block.name_hint)
+
+    tvm_ffi.structural_walk(sch.get(loop), (s_tir.SBlockRealize, visit), order="pre")
+    return [sch.get_sblock(n) for n in found]

@@ -1,5 +1,6 @@
 """Register-blocked contraction loops for products computed inside a bigger kernel (attention's Q·Kᵀ and
-P·V, the GEMM in front of a norm).
+P·V, the GEMM in front of a norm, the products of a chained GEMM or of attention + projection), and the
+compile-time weight re-layouts those register blocks read.
 
 The block ``C[.., i, j] += A[.., i, k] * B[.., k, j]`` already sits under its kernel's tile loop; its own
 loops are split into an ``mr × (nvec·lanes)`` micro-tile whose partial sums LLVM keeps in vector registers
@@ -9,18 +10,19 @@ order ``j0, i0, k, i1, j1, j2``: the ``K × nr`` panel of B is reused by every r
 
 from __future__ import annotations
 
-import tvm_ffi
 from tvm import tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
-from .common import extent, innermost_vector, ok, try_, vector_width_for
+from .base import UB_SCOPE
+from .common import extent, get_realize, innermost_vector, largest_divisor, ok, try_, vector_width_for
+from .layout import mark_prepack, packable_param
 
-_get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
+ACCUMULATORS = 16     # vector registers for a register block's partial sums (half of AVX-512's 32)
 
 
 def loops_by_iter(sch, block):
     """{iter index: the innermost loop its binding uses}."""
-    realize = _get_realize(sch, block)
+    realize = get_realize(sch, block)
     loops = sch.get_loops(block)
     names = [sch.get(l).loop_var.name for l in loops]
     out = {}
@@ -72,7 +74,7 @@ def schedule_contraction(sch, block, lanes: int, accumulators: int = 16):
     if j_ext % (nvec * v):
         nvec = 1
     if i_ext is not None and i_ext % mr:
-        mr = _largest_divisor(i_ext, mr)
+        mr = largest_divisor(i_ext, mr)
     i0, i1 = sch.split(i_loop, [None, mr])
     j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
     if not ok(sch.reorder, j0, i0, k_loop, i1, j1, j2):
@@ -86,20 +88,11 @@ def schedule_contraction(sch, block, lanes: int, accumulators: int = 16):
     return j0
 
 
-def _largest_divisor(n: int, cap: int) -> int:
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
-
-
 def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 16) -> bool:
     """A whole GEMM at the root of its kernel (K1 recipe, field guide §10): loops ``j0, i0, k0, i1, j1,
     j2``, an ``mr × nr`` accumulator tile in ``local.UB`` (registers on the host) written back per
     micro-tile, parallel over the column panels. False when the block is not a plain
     product with a static, vectorisable output axis."""
-    from .base import UB_SCOPE
-
     stmt = sch.get(block)
     kinds = [iv.iter_type for iv in stmt.iter_vars]
     red = [i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce]
@@ -118,7 +111,7 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
     if j_ext % (nvec * v):
         nvec = 1
     if i_ext is not None and i_ext % mr:
-        mr = _largest_divisor(i_ext, mr)
+        mr = largest_divisor(i_ext, mr)
     _prepack_weight(sch, block, stmt.iter_vars[spatial[-1]].var, stmt.iter_vars[red[0]].var, nvec * v)
     by_iter = loops_by_iter(sch, block)
     i_loop, j_loop, k_loop = by_iter[spatial[-2]], by_iter[spatial[-1]], by_iter[red[0]]
@@ -127,7 +120,7 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
     outer = loops[:names.index(sch.get(i_loop).loop_var.name)]
     i0, i1 = sch.split(i_loop, [None, mr])
     j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
-    k0 = k_loop  # not unrolled: by 4 ran no faster and cost W3's GEMM+LayerNorm kernel 7 ms of LLVM time
+    k0 = k_loop  # not unrolled: by 4 ran no faster and cost LLVM time (most on a GEMM + LayerNorm kernel)
     sch.reorder(*outer, j0, i0, k0, i1, j1, j2)
     copy = sch.cache_write(block, 0, UB_SCOPE)
     sch.reverse_compute_at(copy, i0, preserve_unit_loops=True)
@@ -147,8 +140,6 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
 def _prepack_weight(sch, block, j_var, k_var, nr: int) -> None:
     """A constant 2-D weight read as ``B[k, j]`` is re-laid out to ``(N/nr, K, nr)`` once at compile time
     (``layout.mark_prepack``): the k loop then walks one contiguous panel instead of rows N·4 bytes apart."""
-    from .layout import mark_prepack, packable_param
-
     stmt = sch.get(block)
     for idx, region in enumerate(stmt.reads):
         mins = [r.min for r in region.region]
@@ -159,3 +150,59 @@ def _prepack_weight(sch, block, j_var, k_var, nr: int) -> None:
                 return
             try_(mark_prepack, sch, block, idx, lambda k, n: (n // nr, k, n % nr))
             return
+
+
+# ---- products inside a row-block kernel (chained GEMMs, attention + projection) -------------------------
+def prepack_product_weight(sch, block, nr, panel=None) -> None:
+    """Constant weight ``W[k, n]`` re-laid out at compile time into the order the register blocks read it:
+    ``(N/nr, K, nr)``; with ``panel`` (the second product, read one K panel at a time)
+    ``(K/panel, N/nr, panel, nr)``, so one panel of all output columns is one contiguous slab."""
+    stmt = sch.get(block)
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    spatial = [iv.var for iv, k in zip(stmt.iter_vars, kinds) if k == tirx.IterVar.DataPar]
+    red = [iv.var for iv, k in zip(stmt.iter_vars, kinds) if k == tirx.IterVar.CommReduce]
+    if nr <= 1 or not spatial or len(red) != 1:
+        return
+    if panel is None:
+        _prepack_weight(sch, block, spatial[-1], red[0], nr)
+        return
+    for idx, region in enumerate(stmt.reads):
+        mins = [r.min for r in region.region]
+        if len(mins) == 2 and all(isinstance(x, tirx.Var) for x in mins) and mins[0].same_as(red[0]) \
+                and mins[1].same_as(spatial[-1]):
+            shape = [int(d) for d in region.source.shape]
+            if packable_param(sch, region.source) is None or shape[1] % nr or shape[0] % panel:
+                return
+            try_(mark_prepack, sch, block, idx, lambda k, n: (k // panel, n // nr, k % panel, n % nr))
+            return
+
+
+def tile_product(sch, block, mr, nvec, v, whole):
+    """Register block ``mr x (nvec*v)``: loops ``j0, i0, k0, i1, j1, j2``, i1/j1 unrolled, j2 the
+    vector. ``whole``: the block's reduction is complete under its loops, its accumulator tile is a UB
+    buffer written back per tile (cache_write); else (the second product, its reduction split across
+    panels) the block accumulates into its accumulator rows in place, and the caller decomposes its init
+    above the panel loop; LLVM keeps the tile in registers over the ``k`` loop."""
+    stmt = sch.get(block)
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    spatial = [i for i, k in enumerate(kinds) if k == tirx.IterVar.DataPar]
+    red = next(i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce)
+    by_iter = loops_by_iter(sch, block)
+    i_loop, j_loop, k_loop = by_iter[spatial[-2]], by_iter[spatial[-1]], by_iter[red]
+    i0, i1 = sch.split(i_loop, [None, mr])
+    j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
+    # K is not unrolled: unrolling it by 4 ran no faster and cost LLVM time (most on a SwiGLU FFN kernel)
+    k0 = k_loop
+    sch.reorder(j0, i0, k0, i1, j1, j2)
+    if v > 1:
+        ok(sch.vectorize, j2)
+    ok(sch.unroll, j1)
+    ok(sch.unroll, i1)
+    if whole:
+        copy = sch.cache_write(block, 0, UB_SCOPE)
+        sch.reverse_compute_at(copy, i0, preserve_unit_loops=True)
+        innermost_vector(sch, copy, v)
+        init = try_(sch.decompose_reduction, block, k0)
+        if init is not None:
+            innermost_vector(sch, init, v)
+    return i0

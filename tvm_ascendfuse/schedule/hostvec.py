@@ -25,7 +25,7 @@ class HostVector:
     @property
     def accumulators(self) -> int:
         """Vector registers a micro-kernel may hold accumulators in: half the file, the rest feeds the FMAs
-        (AVX-512: 16; more spills, measured 2x slower)."""
+        (AVX-512: 16; more spills: measured much slower)."""
         return max(4, self.registers // 2)
 
 

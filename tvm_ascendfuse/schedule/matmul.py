@@ -1,8 +1,8 @@
 """MatmulRule: matmul / batched matmul / linear with prologue and injective epilogue.
 
-The kernel kind is recognised from the blocks, not the name: one reduction block whose body is
-``C[..] = C[..] + A[..] * B[..]`` (casts allowed) with every index a plain block iterator, iterators
-classified by which buffers they index (batch: A, B, C; M: A, C; N: B, C; K: A, B). Anything after it must
+The kernel kind is recognised from the blocks, not the name (``analysis.match_gemm``): one reduction block
+whose body is ``C[..] = C[..] + A[..] * B[..]`` (casts allowed) with every index a plain block iterator,
+iterators classified by which buffers they index (batch: A, B, C; M: A, C; N: B, C; K: A, B). Anything after it must
 be injective (bias, activation, residual add); anything before it is either inlined (transposes, casts of
 parameters) or, when it holds reductions (a LayerNorm feeding the GEMM), scheduled as a row-parallel stage.
 An injective producer of A that would not inline to plain indices (attention's head merge, transpose +
@@ -15,167 +15,29 @@ panel (mr x kc) is also staged in ``local.UB`` per K chunk, kc chosen so the dou
 B panel and accumulator fit usable UB; it costs 10-15% on the host (an extra copy per register block),
 so it is off by default. Host side (UB tiling = cache blocking): mr x nr is a register block sized from
 the host's vector registers (AVX-512: 8 x 32 fp32 = 16 zmm accumulators), N vectorised, K not unrolled
-(unrolling it by 4 measured the same single-thread speed on the W3/W4/W6/W7 GEMMs and cost ~7 ms of LLVM
-time per kernel), the outer tiles parallel over the host's cores, and the weight re-laid out (N/nr, K, nr)
+(unrolling it by 4 measured the same single-thread speed on the transformer GEMMs and cost LLVM time on
+every kernel), the outer tiles parallel over the host's cores, and the weight re-laid out (N/nr, K, nr)
 when it is a compile-time constant (see ``layout.py``): that layout change runs once, before the kernel,
 and FoldConstant evaluates it.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import tvm
 from tvm import s_tir, tirx
 
+from ..ir import dtype_bytes
 from ..target import AscendTarget
+from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_product
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
-from .common import accumulating_store, extent, ok, root_blocks, tile_local, try_, vector_storable
+from .common import (as_target, extent, ok, parallel_vector, root_blocks, still_exists, tile_local,
+                     transitive_producers, try_, vector_width_for, vectorize_inner)
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
-from .reduction import reduction_kinds
-
-
-_LOG = logging.getLogger(__name__)
-_LOAD = tvm.ir.expr.TensorLoad
-_ERRORS = (Exception,)  # any refusal of a primitive: the rule declines, the fallback schedules it
-
-
-def _strip_cast(e):
-    while isinstance(e, tirx.Cast):
-        e = e.value
-    return e
-
-
-def _plain_vars(indices, iters) -> list | None:
-    """Iterator of each index, or None when an index is not a bare block iterator."""
-    out = []
-    for idx in indices:
-        hit = [v for v in iters if isinstance(idx, tirx.Var) and idx.same_as(v)]
-        if not hit:
-            return None
-        out.append(hit[0])
-    return out
-
-
-@dataclass
-class GemmBlock:
-    """Where each GEMM role sits: iterator positions (= loop positions of the block) and buffers."""
-
-    block: object
-    a_buf: object
-    b_buf: object
-    c_buf: object
-    a_read: int                  # index of A in block.reads
-    b_read: int
-    batch: list = field(default_factory=list)
-    m: list = field(default_factory=list)   # outer M iterators first, the tiled one last
-    n: int = -1
-    k: int = -1
-    b_n_axis: int = -1           # axis of B's buffer indexed by the N iterator
-    b_k_axis: int = -1
-
-
-def match_gemm(sch: s_tir.Schedule, block) -> GemmBlock | None:
-    """GemmBlock for a C += A*B block with trivially bound loops, else None."""
-    stmt = sch.get(block)
-    body = accumulating_store(stmt)
-    if body is None:
-        return None
-    iters = [iv.var for iv in stmt.iter_vars]
-    kinds = [iv.iter_type for iv in stmt.iter_vars]
-    if len(sch.get_loops(block)) != len(iters):
-        return None
-    loops = sch.get_loops(block)
-    realize = sch.get(loops[-1]).body
-    if not isinstance(realize, s_tir.SBlockRealize):
-        return None
-    for lp, val in zip(loops, realize.iter_values):
-        if not (isinstance(val, tirx.Var) and val.same_as(sch.get(lp).loop_var)):
-            return None
-    val = body.value
-    for acc, prod in ((val.a, val.b), (val.b, val.a)):
-        acc, prod = _strip_cast(acc), _strip_cast(prod)
-        if not (isinstance(acc, _LOAD) and acc.source.same_as(body.buffer)):
-            continue
-        if not isinstance(prod, tirx.Mul):
-            continue
-        x, y = _strip_cast(prod.a), _strip_cast(prod.b)
-        if not (isinstance(x, _LOAD) and isinstance(y, _LOAD)):
-            continue
-        cv, xv, yv = (_plain_vars(e.indices, iters) for e in (body, x, y))
-        if cv is None or xv is None or yv is None or not all(a.same_as(b) for a, b in zip(cv, acc.indices)):
-            continue
-        return _classify(stmt, iters, kinds, cv, (x, xv), (y, yv))
-    return None
-
-
-def _classify(stmt, iters, kinds, cv, xa, ya):
-    ids = lambda vs: {id(v) for v in vs}  # noqa: E731
-    c_set = ids(cv)
-    batch, m_x, m_y, k = [], [], [], []
-    (x, xv), (y, yv) = xa, ya
-    x_set, y_set = ids(xv), ids(yv)
-    if len(set(map(id, xv))) != len(xv) or len(set(map(id, yv))) != len(yv):
-        return None                                      # diagonal accesses are not a GEMM
-    for pos, (v, kind) in enumerate(zip(iters, kinds)):
-        key = (id(v) in c_set, id(v) in x_set, id(v) in y_set)
-        if kind == tirx.IterVar.CommReduce and key == (False, True, True):
-            k.append(pos)
-        elif kind == tirx.IterVar.DataPar and key == (True, True, True):
-            batch.append(pos)
-        elif kind == tirx.IterVar.DataPar and key == (True, True, False):
-            m_x.append(pos)
-        elif kind == tirx.IterVar.DataPar and key == (True, False, True):
-            m_y.append(pos)
-        else:
-            return None
-    if len(k) != 1 or not m_x or not m_y:
-        return None
-    # B is the operand with a single free axis (the weight); A may carry several (batch x seq).
-    if len(m_y) == 1:
-        (a, _, m), (b, bv, n) = (x, xv, m_x), (y, yv, m_y[0])
-    elif len(m_x) == 1:
-        (a, _, m), (b, bv, n) = (y, yv, m_y), (x, xv, m_x[0])
-    else:
-        return None
-    if sorted(m) != list(range(min(m), min(m) + len(m))):
-        return None                                      # outer M iterators must be adjacent loops
-    reads = [r.source for r in stmt.reads]
-    a_read = next((i for i, r in enumerate(reads) if r.same_as(a.source)), None)
-    b_read = next((i for i, r in enumerate(reads) if r.same_as(b.source)), None)
-    if a_read is None or b_read is None or a.source.same_as(b.source):
-        return None
-    b_n_axis = next(i for i, v in enumerate(bv) if v.same_as(iters[n]))
-    b_k_axis = next(i for i, v in enumerate(bv) if v.same_as(iters[k[0]]))
-    return GemmBlock(None, a.source, b.source, stmt.writes[0].source, a_read, b_read, batch, m, n, k[0],
-                     b_n_axis, b_k_axis)
-
-
-def find_gemm(sch: s_tir.Schedule):
-    """(blocks, index of the GEMM block, GemmBlock) when the function is one GEMM plus injective epilogue."""
-    blocks = list(root_blocks(sch))
-    reductions = [i for i, b in enumerate(blocks) if _has_reduce(sch, b)]
-    if not reductions:
-        return None
-    gi = reductions[-1]
-    info = match_gemm(sch, blocks[gi])
-    if info is None:
-        return None
-    info.block = blocks[gi]
-    return blocks, gi, info
-
-
-def _last_reduction_is_product(func: tirx.PrimFunc) -> bool:
-    """``find_gemm``'s first requirement read off the function without building a schedule: the last
-    reduction block is GEMM-like (a norm or softmax after the GEMM belongs to another rule)."""
-    return reduction_kinds(func).endswith("P")
-
-
-def _has_reduce(sch, block) -> bool:
-    return any(iv.iter_type != tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+from .partial_sums import vector_partial_sums
 
 
 @dataclass(frozen=True)
@@ -191,19 +53,10 @@ class GemmTiles:
         return self.nvec * self.vl
 
 
-def _pow2_divisor(n: int | None, cap: int) -> int:
-    if n is None:
-        return cap
-    v = 1
-    while v * 2 <= cap and n % (v * 2) == 0:
-        v *= 2
-    return v
-
-
 def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: AscendTarget) -> GemmTiles:
     """Register block from the host's vector file; K chunk from the target's usable UB."""
     lanes = hv.lanes(dtype)
-    vl = _pow2_divisor(n_ext, lanes) if n_ext is not None and n_ext % lanes else lanes
+    vl = vector_width_for(n_ext, lanes) if n_ext is not None and n_ext % lanes else lanes
     vl = max(vl, min(lanes, 4)) if n_ext is None or n_ext >= lanes else vl
     acc = hv.accumulators
     n_vecs = -(-n_ext // vl) if n_ext is not None else 4
@@ -226,7 +79,7 @@ def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: Ascend
 
 def _ub_bytes(mr: int, nr: int, dtype: str, target: AscendTarget) -> tuple[int, int, int]:
     """(accumulator bytes, A row + B row bytes per k step, copies): the UB model of one register block."""
-    nbytes = tvm.DataType(dtype).bits // 8
+    nbytes = dtype_bytes(dtype)
     copies = 2 if target.double_buffer else 1
     acc_bytes = target.align_up(mr * nr * nbytes)
     per_k = target.align_up(mr * nbytes) + target.align_up(nr * nbytes)
@@ -281,7 +134,8 @@ class MatmulRule(ScheduleRule):
     """GEMM + epilogue, register-blocked and UB-tiled (see module docstring)."""
 
     name = "matmul"
-    min_products = 1    # match_gemm needs free axes on both operands: a product block (reduction.is_product_block)
+    tunable = True      # register block (K chunk derived): ``tiles`` chooser (base.ScheduleRule)
+    min_products = 1    # match_gemm needs free axes on both operands: a product block (analysis.is_product_block)
 
     def __init__(self, prepack: bool = True, stage_a: bool = False, tiles=None):
         """``tiles(sch, default, candidates)``, when given, picks the GemmTiles to use (a tuner samples one of
@@ -291,26 +145,19 @@ class MatmulRule(ScheduleRule):
         self.tiles = tiles
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not _last_reduction_is_product(func):
+        if not isinstance(func, tirx.PrimFunc) or not last_reduction_is_product(func):
             return None
         return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
-        try:
-            found = find_gemm(sch)
-        except _ERRORS:
-            return None
+        found = find_gemm(sch)
         if found is None:
             return None
         blocks, gi, info = found
-        if any(_has_reduce(sch, b) for b in blocks[gi + 1:]):
+        if any(has_reduce(sch, b) for b in blocks[gi + 1:]):
             return None                                  # softmax/reduction after the GEMM: attention etc.
-        try:
-            return self._schedule(sch, blocks, gi, info, target, host_vector(host))
-        except _ERRORS:
-            _LOG.debug("MatmulRule declined %s", sch.mod["main"].attrs, exc_info=True)
-            return None
+        return self._schedule(sch, blocks, gi, info, target, host_vector(host))
 
     # ------------------------------------------------------------------------------------------------
     def _schedule(self, sch, blocks, gi, info: GemmBlock, target, hv: HostVector):
@@ -328,7 +175,7 @@ class MatmulRule(ScheduleRule):
         ext = lambda p: extent(sch, loops[p])  # noqa: E731
         c_dtype = str(info.c_buf.ty.dtype)
         m_ext, n_ext = ext(info.m[-1]), ext(info.n)
-        npu = _target(target)
+        npu = as_target(target)
         t = choose_tiles(m_ext, n_ext, ext(info.k), c_dtype, hv, npu)
         if self.tiles is not None:
             t = self.tiles(sch, t, lambda: tile_candidates(m_ext, n_ext, ext(info.k), c_dtype, hv, npu))
@@ -387,17 +234,17 @@ class MatmulRule(ScheduleRule):
             # panel of whole rows in L1 (the cube's operand buffer), which every N tile then reads
             sch.set_scope(a_ub, 0, L1_SCOPE)
             sch.compute_at(a_ub, ib)
-            _vectorize_inner(sch, a_ub, a_lanes)
+            vectorize_inner(sch, a_ub, a_lanes)
             try_(sch.parallel, sch.get_loops(a_ub)[len(outer) + 1])
         elif a_ub is not None:
             # A's layout-changing producer, computed per register block (and K chunk) into a packed UB panel
             sch.set_scope(a_ub, 0, UB_SCOPE)
             sch.compute_at(a_ub, kl[0] if ko is not None else i0)
-            _vectorize_inner(sch, a_ub, a_lanes)
+            vectorize_inner(sch, a_ub, a_lanes)
         elif self.stage_a:
             a_ub = sch.cache_read(mm, info.a_read, UB_SCOPE)  # mr x kc A panel per K chunk
             sch.compute_at(a_ub, kl[0])
-            _vectorize_inner(sch, a_ub, a_lanes)
+            vectorize_inner(sch, a_ub, a_lanes)
         if not self._epilogue(sch, epi, i0, hv.lanes(c_dtype), out_shape):
             # an epilogue that cannot consume the tile in place (a layout change the region analysis cannot
             # follow) reads the whole result: keep it in memory, not in UB
@@ -430,7 +277,7 @@ class MatmulRule(ScheduleRule):
                 parallel_vector(sch, b, lanes)
                 placed = False
                 continue
-            _vectorize_inner(sch, b, lanes)
+            vectorize_inner(sch, b, lanes)
         return placed
 
 
@@ -442,18 +289,16 @@ def _a_producer_to_stage(sch, pro, info: GemmBlock):
     the primitives the rule then applies. A producer chain holding a reduction (LayerNorm) is left to
     ``schedule_prologue``."""
     a_blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(info.a_buf)), None)
-    if a_blk is None or any(_has_reduce(sch, p) for p in [a_blk, *_transitive_producers(sch, a_blk)]):
+    if a_blk is None or any(has_reduce(sch, p) for p in [a_blk, *transitive_producers(sch, a_blk)]):
         return None
     probe = s_tir.Schedule(sch.mod)
     names = {sch.get(b).name_hint for b in pro}
     probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
     try:
         schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), sch.get(info.block).name_hint)
-        if find_gemm(probe) is not None:
-            return None
-    except _ERRORS:
-        pass
-    return a_blk
+    except s_tir.ScheduleError:
+        return a_blk            # the prologue does not even schedule on its own: stage A's producer
+    return None if find_gemm(probe) is not None else a_blk
 
 
 def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarget) -> int:
@@ -465,7 +310,7 @@ def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarge
     if m_ext is None or k_ext is None:
         return 0
     copies = 2 if target.double_buffer else 1
-    row_bytes = k_ext * (tvm.DataType(dtype).bits // 8)
+    row_bytes = k_ext * dtype_bytes(dtype)
     cap = target.capacity(L1_SCOPE) // copies // (t.mr * row_bytes)
     if cap < 2:
         return 0
@@ -490,20 +335,6 @@ def _is_preproc(sch, block) -> bool:
     return PREPROC_ANNOTATION in sch.get(block).annotations
 
 
-def _still_exists(sch, block) -> bool:
-    try:
-        sch.get(block)
-        return True
-    except _ERRORS:
-        return False
-
-
-def _target(target):
-    from ..target import get_target
-
-    return target if isinstance(target, AscendTarget) else get_target(target)
-
-
 def _pack_map(info: GemmBlock, nr: int, ndim: int):
     """B[..., k, n] (any axis order) -> B'[..., n // nr, k, n % nr]: the N panel of one register block is
     contiguous for every k."""
@@ -516,30 +347,6 @@ def _pack_map(info: GemmBlock, nr: int, ndim: int):
     return index_map
 
 
-def _vectorize_inner(sch, block, lanes: int) -> None:
-    if not vector_storable(sch, block):
-        return          # bool / sub-byte stores stay scalar (see common.vector_storable)
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    ext = extent(sch, loops[-1])
-    if ext is None or ext < 2:
-        return
-    v = _pow2_divisor(ext, lanes)
-    if v < 2:
-        return
-    inner = sch.split(loops[-1], [None, v])[1] if ext > v else loops[-1]
-    try_(sch.vectorize, inner)
-
-
-def parallel_vector(sch, block, lanes: int) -> None:
-    """Root-level injective block: parallel over the outer loops, vectorised inner loop."""
-    loops = sch.get_loops(block)
-    if len(loops) > 1:
-        try_(sch.parallel, sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
-    _vectorize_inner(sch, block, lanes)
-
-
 def schedule_prologue(sch, pro_blocks, hv: HostVector, gemm_name: str):
     """Inline what is cheap (transposes, casts of parameters); keep a reduction stage (LayerNorm) as a
     row-parallel stage: its reductions computed per row, the row loop parallel, the normalise vectorised."""
@@ -547,12 +354,12 @@ def schedule_prologue(sch, pro_blocks, hv: HostVector, gemm_name: str):
     for b in pro_blocks:
         name = sch.get(b).name_hint
         producer_names = {sch.get(p).name_hint for p in sch.get_producers(b)}
-        if _has_reduce(sch, b) or producer_names & depends_on_reduce:
+        if has_reduce(sch, b) or producer_names & depends_on_reduce:
             depends_on_reduce.add(name)
     stage_out = []
     for b in reversed(pro_blocks):
         name = sch.get(b).name_hint
-        if _has_reduce(sch, b):
+        if has_reduce(sch, b):
             continue
         if name not in depends_on_reduce:
             try_(sch.compute_inline, b)
@@ -561,25 +368,25 @@ def schedule_prologue(sch, pro_blocks, hv: HostVector, gemm_name: str):
     # the stage blocks that feed the GEMM directly become row loops; their reductions go under the rows
     lanes = hv.lanes("float32")
     for b in stage_out:
-        if not _still_exists(sch, b):
+        if not still_exists(sch, b):
             continue
         consumers = {sch.get(c).name_hint for c in sch.get_consumers(b)}
         if gemm_name not in consumers:
             try_(sch.compute_inline, b)
     for b in stage_out:
-        if not _still_exists(sch, b) or gemm_name not in {sch.get(c).name_hint for c in sch.get_consumers(b)}:
+        if not still_exists(sch, b) or gemm_name not in {sch.get(c).name_hint for c in sch.get_consumers(b)}:
             continue
         loops = sch.get_loops(b)
         if len(loops) < 2:
             continue
-        rf_blocks = [rf for p in _transitive_producers(sch, b) if (rf := _vector_partial_sums(sch, p, lanes))]
+        rf_blocks = [rf for p in transitive_producers(sch, b) if (rf := vector_partial_sums(sch, p, lanes))]
         row = sch.fuse(*sch.get_loops(b)[:-1]) if len(sch.get_loops(b)) > 2 else sch.get_loops(b)[0]
-        for p in reversed(_transitive_producers(sch, b)):
+        for p in reversed(transitive_producers(sch, b)):
             try_(sch.compute_at, p, row)
         try_(sch.parallel, row)
-        _vectorize_inner(sch, b, lanes)
+        vectorize_inner(sch, b, lanes)
         for rf in rf_blocks:
-            if not _still_exists(sch, rf):
+            if not still_exists(sch, rf):
                 continue
             lanes_loop, red_loop = sch.get_loops(rf)[-2:]       # after compute_at: (lanes, chunks)
             if not ok(sch.reorder, red_loop, lanes_loop) or not ok(sch.vectorize, lanes_loop):
@@ -588,38 +395,3 @@ def schedule_prologue(sch, pro_blocks, hv: HostVector, gemm_name: str):
             if init is not None:
                 try_(sch.vectorize, sch.get_loops(init)[-1])
     return stage_out
-
-
-def _vector_partial_sums(sch, block, lanes: int):
-    """Row sums as ``lanes`` vector partial sums (rfactor, before any compute_at: it needs the reduction
-    loop outermost in its block) plus a short final sum; None when the block is not such a reduction."""
-    if not _has_reduce(sch, block):
-        return None
-    loops = sch.get_loops(block)
-    ext = extent(sch, loops[-1]) if loops else None
-    kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
-    if ext is None or ext % lanes or ext <= lanes or kinds[-1] == tirx.IterVar.DataPar or kinds.count(
-            tirx.IterVar.CommReduce) != 1:
-        return None
-    try:
-        _, ki = sch.split(loops[-1], [None, lanes])
-        return sch.rfactor(ki, len(sch.get(block).iter_vars) - 1)
-    except Exception:  # noqa: BLE001 - not an rfactor-able reduction: keep it scalar
-        return None
-
-
-def _transitive_producers(sch, block):
-    """Producer blocks of ``block`` inside the function, nearest last (compute_at order: consumers first)."""
-    seen, order = set(), []
-
-    def visit(b):
-        for p in sch.get_producers(b):
-            name = sch.get(p).name_hint
-            if name in seen:
-                continue
-            seen.add(name)
-            visit(p)
-            order.append(p)
-
-    visit(block)
-    return order

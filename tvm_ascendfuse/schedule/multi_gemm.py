@@ -2,7 +2,7 @@
 
 Each product runs as its own register-blocked stage over all rows (K1 recipe: ``local.UB`` accumulator tile,
 prepacked constant weight, parallel over column panels); the elementwise combine is inlined into one output
-stage tiled through UB like ``ElementwiseRule``. A single-GEMM kernel is left to ``MatmulRule``.
+stage tiled through UB (``injective.tile_injective``). A single-GEMM kernel is left to ``MatmulRule``.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
+from .analysis import is_contraction
 from .base import ScheduleRule
 from .common import block_infos, is_output_block, num_cores, ok, root_blocks, vector_lanes
 from .contraction import schedule_gemm_root
-from .reduction import is_contraction
+from .injective import tile_injective
 
 
 class MultiGemmRule(ScheduleRule):
@@ -23,8 +24,6 @@ class MultiGemmRule(ScheduleRule):
     min_products = 2
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        from .elementwise import tile_injective
-
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
         if not infos:

@@ -3,108 +3,47 @@ alone or as the tail of a conv2d kernel (ResNet's stem conv + max-pool, last con
 
 Recognised from the blocks: the last reduction block is ``P[n, c, y, x] = max|min|+(P[..], X[n, c, h, w])``
 reading one buffer whose first two indices are the pool's own N, C iterators and whose H and W indices each
-use one of its two reduction iterators (a window or a whole plane); only injective blocks follow it. Before it there may be one
-conv2d (``conv.match_conv2d``) with its injective epilogue and the pool's own padding/prologue.
+use one of its two reduction iterators (a window or a whole plane; ``analysis.match_pool``); only injective
+blocks follow it. Before it there may be one conv2d (``analysis.match_conv2d``) with its injective epilogue
+and the pool's own padding/prologue.
 
 Why a rule: the grouping fuses a pool into the conv that feeds it (it saves the conv output's round trip),
 but no single-reduction rule takes the kernel, and the generic fallback ran ResNet's stem kernel at
-1.6 GFLOP/s (64% of the model). Here the conv part gets the conv rule's schedule (its output kept in a
-kernel-local buffer), and the pool runs tile by tile: a tile is ``cb`` channels x ``rb`` output rows; the
-input window rows it needs (with the padding) are staged in ``local.UB``, its outputs are produced in
-``local.UB`` and written back with the epilogue (divide, reshape). Tiles are sized from the target's usable
-UB (double-buffered) and spread over the host cores; staging and write-back are vectorised, the window is
-reduced innermost per output.
+1.6 GFLOP/s (64% of the model). Here the conv part gets the conv2d schedule
+(``conv_schedule.schedule_conv2d``, its output kept in a kernel-local buffer), and the pool runs tile by
+tile: a tile is ``cb`` channels x ``rb`` output rows; the input window rows it needs (with the padding) are
+staged in ``local.UB``, its outputs are produced in ``local.UB`` and written back with the epilogue (divide,
+reshape). Tiles are sized from the target's usable UB (double-buffered) and spread over the host cores;
+staging and write-back are vectorised, the window is reduced innermost per output.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
+from .analysis import PoolBlock, has_reduce, match_conv2d, match_pool
 from .base import UB_SCOPE, ScheduleRule
 from .common import (
     buffer_bytes,
     extent,
     num_cores,
     ok,
+    parallel_vector,
     root_blocks,
     tile_local,
     try_,
     vector_lanes,
+    vectorize_inner,
 )
-from .conv import Conv2dRule, match_conv2d
+from .conv_schedule import schedule_conv2d
 from .hostvec import host_vector
-from .matmul import _LOAD, _has_reduce, _strip_cast, _vectorize_inner, parallel_vector
-
-_LOG = logging.getLogger(__name__)
 
 # Enough tiles that every core gets several (a tile's rows differ in cost at the padded border).
 TILES_PER_CORE = 4
-
-
-@dataclass
-class PoolBlock:
-    block: object
-    source: object        # the buffer the window is read from
-    rows_in: int          # rows of ``source`` per channel
-    cols_in: int
-    kernel_rows: int      # extent of the reduction iterator on H (the window height, or the plane height)
-
-
-def _combiner(store) -> tirx.PrimExpr | None:
-    """The value combined into ``P[...]`` by ``P = max(P, v)`` / ``min`` / ``P + v``, else None."""
-    val = store.value
-    if not isinstance(val, (tirx.Max, tirx.Min, tirx.Add)):
-        return None
-    for acc, other in ((val.a, val.b), (val.b, val.a)):
-        if isinstance(acc, _LOAD) and acc.source.same_as(store.buffer) and all(
-                i.same_as(j) for i, j in zip(acc.indices, store.indices)):
-            return other
-    return None
-
-
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, lambda v: found.append(v) if v.same_as(var) else None)])
-    return bool(found)
-
-
-def match_pool(sch: s_tir.Schedule, block) -> PoolBlock | None:
-    stmt = sch.get(block)
-    body = stmt.body
-    if stmt.init is None or not isinstance(body, tirx.BufferStore) or len(body.indices) != 4:
-        return None
-    spatial = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    reduce = [iv for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    if len(spatial) != 4 or len(reduce) != 2 or len(stmt.iter_vars) != 6:
-        return None
-    if not all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(body.indices, spatial)):
-        return None
-    load = _combiner(body)
-    load = _strip_cast(load) if load is not None else None
-    if not isinstance(load, _LOAD) or len(load.indices) != 4 or len(stmt.reads) != 1:
-        return None
-    n, c = spatial[:2]
-    if not (load.indices[0].same_as(n) and load.indices[1].same_as(c)):
-        return None
-    # one reduction iterator moves along H, the other along W (a window or the whole plane); a reduction
-    # over one axis only (a row: LayerNorm-like) is the reduction rule's
-    h, w = load.indices[2], load.indices[3]
-    rh, rw = reduce
-    if not (_uses(h, rh.var) and _uses(w, rw.var) and not _uses(h, rw.var) and not _uses(w, rh.var)):
-        return None
-    shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in load.source.ty.shape]
-    if None in shape:
-        return None
-    if not isinstance(rh.dom.extent, tirx.IntImm):
-        return None
-    return PoolBlock(block, load.source, shape[2], shape[3], int(rh.dom.extent))
 
 
 def choose_pool_tile(channels: int, out_rows: int, out_cols: int, info: PoolBlock, nbytes: int,
@@ -140,22 +79,18 @@ class PoolRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        try:
-            sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-            blocks = list(root_blocks(sch))
-            reductions = [i for i, b in enumerate(blocks) if _has_reduce(sch, b)]
-            if not reductions or len(reductions) > 2:
-                return None
-            pi = reductions[-1]
-            pool = match_pool(sch, blocks[pi])
-            if pool is None:
-                return None
-            if len(reductions) == 2 and match_conv2d(sch, blocks[reductions[0]]) is None:
-                return None
-            return self._schedule(sch, blocks, reductions, pool, target, host)
-        except Exception:  # noqa: BLE001 - a refused primitive: decline, the next rule schedules it
-            _LOG.debug("PoolRule declined", exc_info=True)
+        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        blocks = list(root_blocks(sch))
+        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
+        if not reductions or len(reductions) > 2:
             return None
+        pi = reductions[-1]
+        pool = match_pool(sch, blocks[pi])
+        if pool is None:
+            return None
+        if len(reductions) == 2 and match_conv2d(sch, blocks[reductions[0]]) is None:
+            return None
+        return self._schedule(sch, blocks, reductions, pool, target, host)
 
     def _schedule(self, sch, blocks, reductions, pool: PoolBlock, target, host):
         pi = reductions[-1]
@@ -168,13 +103,12 @@ class PoolRule(ScheduleRule):
                 end += 1
             conv_part = blocks[:end]
             # the conv and its elementwise epilogue: the conv rule's schedule, its result in a kernel buffer
-            if Conv2dRule()._schedule(sch, conv_part, ci, match_conv2d(sch, blocks[ci]), target,
-                                      host_vector(host)) is None:
+            if schedule_conv2d(sch, conv_part, ci, match_conv2d(sch, blocks[ci]), target, host_vector(host)) is None:
                 return None
             start = end
         prologue = [b for b in blocks[start:pi]]
         epilogue = list(blocks[pi + 1:])
-        if any(_has_reduce(sch, b) for b in prologue + epilogue):
+        if any(has_reduce(sch, b) for b in prologue + epilogue):
             return None
         return sch if self._schedule_pool(sch, prologue, pool, epilogue, target, host) else None
 
@@ -190,7 +124,7 @@ class PoolRule(ScheduleRule):
         co, ci = sch.split(c, [None, cb])
         yo, yi = sch.split(y, [None, rb])
         # window innermost: each output accumulates in a register. (Vectorising the output columns instead
-        # reads the window with stride-2 vector loads, which the host scalarises: measured 4-7x slower.)
+        # reads the window with stride-2 vector loads, which the host scalarises: measured several times slower.)
         sch.reorder(n, co, yo, ci, yi, x, *red)
         tile = sch.fuse(n, co, yo)
 
@@ -208,7 +142,7 @@ class PoolRule(ScheduleRule):
         if stage is None:
             stage = sch.cache_read(block, 0, UB_SCOPE)
         sch.compute_at(stage, tile, preserve_unit_loops=True)
-        _vectorize_inner(sch, stage, lanes)
+        vectorize_inner(sch, stage, lanes)
 
         # output tile in UB; the epilogue (or the write-back) runs per tile
         out_shape = sch.get(block).writes[0].source.ty.shape
@@ -225,11 +159,11 @@ class PoolRule(ScheduleRule):
         else:
             writer = sch.cache_write(block, 0, UB_SCOPE)
         sch.reverse_compute_at(writer, tile, preserve_unit_loops=True)
-        _vectorize_inner(sch, writer, lanes)
+        vectorize_inner(sch, writer, lanes)
 
         try_(sch.parallel, tile)          # before the reduction is split into init + update (TVM's legality)
         init = sch.decompose_reduction(block, sch.get_loops(block)[1])
-        _vectorize_inner(sch, init, lanes)
+        vectorize_inner(sch, init, lanes)
         try_(sch.unroll, sch.get_loops(block)[-1])
         sch.annotate(block, "ascendfuse.schedule", f"pool tile {cb}ch x {rb}rows")
         return True

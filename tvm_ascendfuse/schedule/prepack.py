@@ -26,6 +26,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
+from ..ir import is_call_tir
 from ..passbase import PyPass
 from .layout import PREPROC_ANNOTATION
 
@@ -58,7 +59,7 @@ class PrepackConstantWeights(PyPass):
         fold = self.fold if self.fold is not None else relax.transform.FoldConstant()
         # CanonicalizeBindings: a packing call with several outputs folds into a tuple of constants read through
         # TupleGetItem; resolved to the constants, the tuple binding becomes dead and DCE drops it. Left in, VM
-        # codegen converted every such weight twice (its constant dedup hashes the data: ~17 ms on W7).
+        # codegen converted every such weight twice (its constant dedup hashes the data: slow on large weights).
         return tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(), FoldConstantCopies(), fold,
                                          relax.transform.CanonicalizeBindings(),
                                          relax.transform.DeadCodeElimination()])(mod)
@@ -330,7 +331,7 @@ class _FoldCopies(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CALL_TIR)):
+        if not is_call_tir(call):
             return call
         callee, args = call.args[0], call.args[1]
         if len(call.args) > 2 or not isinstance(args, relax.Tuple) \
@@ -354,13 +355,10 @@ class _FoldCopies(relax.PyExprMutator):
         return self.cache[key]
 
 
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-
-
 def _to_tensor(value: np.ndarray):
     """A TVM tensor holding ``value`` (any strides), written with one copy into its own memory. A contiguous
     copy first and then ``tvm.runtime.tensor`` (or ``relax.const(ndarray)``, which also casts with a copy)
-    cost fresh pages twice: W7's packing 22 -> 7.5 ms."""
+    cost fresh pages twice (measured several times slower on a decoder block's weights)."""
     out = tvm.runtime.empty(value.shape, str(value.dtype))
     try:
         np.copyto(np.from_dlpack(out), value)

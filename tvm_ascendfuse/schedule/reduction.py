@@ -12,69 +12,18 @@ from __future__ import annotations
 import math
 import re
 
-import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
-from .base import UB_SCOPE, ScheduleRule
+from .analysis import is_contraction, leading_spatial
+from .base import UB_SCOPE, ScheduleRule, Scheduled
+from .common import (block_infos, blocks_under, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
+                     num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction, schedule_gemm_root
-from .common import (block_infos, buffer_bytes, extent, innermost_vector, is_output_block, num_cores, root_blocks,
-                     loops_through, ok, try_, vector_lanes, vector_width_for)
+from .injective import tile_injective
+from .partial_sums import vectorize_rf
 
 MIN_PARALLEL_ELEMENTS = 16384
-
-
-def _leading_s(kind: str) -> int:
-    return len(kind) - len(kind.lstrip("S"))
-
-
-def _region_vars(region, iter_vars) -> list:
-    """Which of the block's iter vars each index of a buffer region is (None when not a bare var)."""
-    out = []
-    for r in region.region:
-        hit = None
-        for iv in iter_vars:
-            if r.min.same_as(iv.var):
-                hit = iv.var
-        out.append(hit)
-    return out
-
-
-def is_product_block(stmt) -> bool:
-    """A GEMM-like reduction block: two operands indexed by the reduction var, each carrying a spatial var the
-    other lacks (A[i, k] * B[k, j]). Those belong to the matmul/attention rules, not to row reductions."""
-    rvars = {iv.var.name for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-    if not rvars:
-        return False
-    svars = {iv.var.name for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
-    used = []
-    for region in stmt.reads:
-        names = set()
-        for r in region.region:
-            names |= {v.name for v in collect_vars_used_in_prim_expr(r.min)}
-        if names & rvars:
-            used.append(names & svars)
-    return any(a - b and b - a for a in used for b in used)
-
-
-def reduction_kinds(func: tirx.PrimFunc) -> str:
-    """The kernel's reduction blocks in program order, read off the function without building a schedule:
-    ``P`` a product block (``is_product_block``), ``R`` any other reduction. The rules' cheap pre-checks
-    (how many products, what follows the last one, a softmax between two) are string tests on it."""
-    kinds = []
-
-    def visit(block):
-        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
-            kinds.append("P" if is_product_block(block) else "R")
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
-    return "".join(kinds)
-
-
-def is_contraction(sch: s_tir.Schedule, block) -> bool:
-    """``is_product_block`` for a block of a schedule."""
-    return is_product_block(sch.get(block))
 
 
 class ReductionRule(ScheduleRule):
@@ -82,11 +31,7 @@ class ReductionRule(ScheduleRule):
 
     name = "reduction"
 
-    def __init__(self):
-        self.note = None
-
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        self.note = None
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
         if not infos or not any(b.is_reduction() for b in infos):
@@ -96,158 +41,20 @@ class ReductionRule(ScheduleRule):
             return None
         if any(b.is_reduction() and is_contraction(sch, b.block_rv) for b in infos):
             return None
-        return sch if self.schedule_rows(sch, infos, target, host) else None
-
-    def schedule_rows(self, sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(), rows_per_step=1,
-                      extra_row_bytes=0, tails=()) -> bool:
-        """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
-        alone) one row at a time. ``also``: names of producer blocks to compute per step too (a GEMM in
-        front of a norm), ``rows_per_step`` rows at a time. False when the stage does not have that shape."""
-        kinds = [b.dom_kind() for b in infos]
-        if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
-            return False
-        nrow = min(_leading_s(k) for k in kinds)
-        last = infos[-1]
-        out_dtype_bits = buffer_bytes(sch.get(last.block_rv).writes[0].source) * 8
-        lanes = vector_lanes(host, out_dtype_bits)
-
-        # Row geometry of the last block.
-        dom = last.dom()
-        row_elems = math.prod(d if isinstance(d, int) else 1 << 16 for d in dom[nrow:]) if len(dom) > nrow else 1
-        red_elems = max((math.prod(d if isinstance(d, int) else 1 << 16 for d in b.dom()[_leading_s(b.dom_kind()):])
-                         for b in infos if b.is_reduction()), default=1)
-        row_elems = max(row_elems, red_elems)
-
-        # 1. prologue blocks: inline single-use ones, stage multi-use full rows in UB.
-        staged = []
-        for info in infos[:-1]:
-            if info.is_reduction() or is_output_block(sch, info.block_rv):
-                continue
-            consumers = sch.get_consumers(info.block_rv)
-            full_row = len(info.dom()) > nrow
-            if len(consumers) > 1 and full_row:
-                staged.append(info.block_rv)
-            elif not ok(sch.compute_inline, info.block_rv) and full_row:
-                staged.append(info.block_rv)
-
-        # Does one row fit? inputs + staged rows + output, double-buffered.
-        stmt = sch.get(last.block_rv)
-        n_row_buffers = len(staged) + len(stmt.writes) + len(
-            [r for r in stmt.reads if len(r.region) > nrow])
-        row_bytes = (row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) + extra_row_bytes) * \
-            (2 if target.double_buffer else 1) * rows_per_step
-        stage_rows = row_bytes <= target.ub_usable
-        if not stage_rows:
-            self.note = (f"one row needs {row_bytes} B of UB > {target.ub_usable} B usable: row tensors stream "
-                         f"from GM in {lanes}-element chunks instead of being staged")
-        for blk in staged:
-            if stage_rows:
-                try_(sch.set_scope, blk, 0, UB_SCOPE)
-
-        # 2. rfactor the row reductions into lane-wide partials (before compute_at).
-        rf_blocks = []
-        for info in infos:
-            if not info.is_reduction():
-                continue
-            blk = info.block_rv
-            rloops = [it.loop_rv for it in info.iters if it.kind == "R"]
-            r = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
-            ext = extent(sch, r)
-            v = vector_width_for(ext, lanes)
-            if not is_output_block(sch, blk):
-                try_(sch.set_scope, blk, 0, UB_SCOPE)
-            if ext is None or v < 4 or ext < 2 * v:
-                continue
-            _, ki = sch.split(r, [None, v])
-            rf = try_(sch.rfactor, ki, 0)
-            if rf is not None:
-                try_(sch.set_scope, rf, 0, UB_SCOPE)
-                rf_blocks.append(rf)
-
-        # 3. everything at the row loop of the last block.
-        mine = {b.name for b in infos} | {sch.get(b).name_hint for b in rf_blocks} | set(also)
-        blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint in mine]
-        last_blk = blocks[-1]
-        if not sch.get(last_blk).name_hint == sch.get(last.block_rv).name_hint:
-            return False
-        row_loops = loops_through(sch, last_blk, last, nrow)
-        row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
-        cores = num_cores(host)
-        if rows_per_step > 1:
-            row, _ = sch.split(row, [None, rows_per_step])
-        for blk in reversed(blocks[:-1]):
-            sch.compute_at(blk, row, preserve_unit_loops=True)
-        for name in tails:                    # extra outputs copied out of UB per step
-            sch.reverse_compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
-        total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
-        total *= max(1, extra_row_bytes // 4)          # a GEMM in front: K multiply-adds per element
-        if cores > 1 and total >= MIN_PARALLEL_ELEMENTS:
-            try_(sch.parallel, row)
-
-        # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
-        rf_names = {sch.get(b).name_hint for b in rf_blocks}
-        for blk in self._blocks_under(sch, row):
-            name = sch.get(blk).name_hint
-            if name in rf_names:
-                self._vectorize_rf(sch, blk)
-            elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
-                innermost_vector(sch, blk, lanes)
-            elif is_contraction(sch, blk):
-                schedule_contraction(sch, blk, lanes)
-        return True
-
-    @staticmethod
-    def _blocks_under(sch, loop):
-        found = []
-
-        def visit(stmt):
-            if isinstance(stmt, s_tir.SBlockRealize):
-                found.append(stmt.block.name_hint)
-
-        tvm_ffi.structural_walk(sch.get(loop), (s_tir.SBlockRealize, visit), order="pre")
-        return [sch.get_sblock(n) for n in found]
-
-    @staticmethod
-    def _vectorize_rf(sch, rf):
-        """rf block: lane axis innermost and vectorised, init split off (decompose_reduction last)."""
-        realize = _get_realize(sch, rf)
-        loops = sch.get_loops(rf)
-        by_var = {sch.get(l).loop_var.name: l for l in loops}
-        lane = red = None
-        for iv, val in zip(realize.block.iter_vars, realize.iter_values):
-            if not isinstance(val, tirx.Var) or val.name not in by_var:
-                continue
-            if iv.iter_type == tirx.IterVar.CommReduce and red is None:
-                red = by_var[val.name]
-            elif iv.iter_type == tirx.IterVar.DataPar and lane is None:
-                lane = by_var[val.name]
-        if lane is None or red is None:
-            return
-        ok(sch.reorder, red, lane)
-        if not ok(sch.vectorize, lane):
-            return
-        init = try_(sch.decompose_reduction, rf, red)
-        if init is not None:
-            ok(sch.vectorize, sch.get_loops(init)[-1])
-
-
-_get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
+        done, note = schedule_rows(sch, infos, target, host)
+        return Scheduled(sch, note) if done else None
 
 
 class GemmNormRule(ScheduleRule):
     """One GEMM (+ injective epilogue: bias, residual) whose output feeds row reductions: matmul + bias +
-    residual + LayerNorm/RMSNorm in one kernel. A block of rows is computed per step: the GEMM rows
-    (register-blocked micro-tiles, accumulating in UB), the residual sum staged in UB, then the norm of
-    those rows, so the GEMM result never goes back to GM."""
+    residual + LayerNorm/RMSNorm in one kernel. The GEMM runs as its own register-blocked stage over all rows
+    (``contraction.schedule_gemm_root``), then the norm one row at a time with the row being normalised in
+    UB; a residual sum that is also an output is a stage of its own between them."""
 
     name = "matmul+norm"
     min_products = 1
 
-    def __init__(self):
-        self.note = None
-
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        self.note = None
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         sch = s_tir.Schedule(func)
         infos = block_infos(sch)
         if not infos:
@@ -259,7 +66,6 @@ class GemmNormRule(ScheduleRule):
         first_red = next((i for i in range(gi + 1, len(infos)) if infos[i].is_reduction()), None)
         if first_red is None or any(b.is_reduction() for b in infos[:gi]):
             return None
-        gemm = infos[gi]
         if any(not b.is_injective() for b in infos[gi + 1:first_red]):
             return None
         # bias/residual chain: all but its last block inlined; the last (the normalised tensor) is staged
@@ -270,38 +76,11 @@ class GemmNormRule(ScheduleRule):
         # A residual sum that is also an output must be a stage of its own too (TIR cannot compute an output
         # block per row step between its producer and consumers).
         return self._split_stages(sch, infos, gi, first_red, outs[-1] if outs else -1, target, host)
-        also, tails = [gemm.name], []
-        for pos, b in enumerate(chain):
-            if pos == len(chain) - 1 or not ok(sch.compute_inline, b.block_rv):
-                ok(sch.set_scope, b.block_rv, 0, UB_SCOPE)
-                also.append(b.name)
-        for b in infos[:gi]:                  # head-merge transpose/reshape in front of the GEMM
-            if is_output_block(sch, b.block_rv) or not ok(sch.compute_inline, b.block_rv):
-                also.append(b.name)
-        ok(sch.set_scope, gemm.block_rv, 0, UB_SCOPE)
-        dom = gemm.dom()
-        k_ext = dom[-1] if isinstance(dom[-1], int) else 1024
-        n_ext = dom[-2] if isinstance(dom[-2], int) else 1024
-        m_ext = dom[-3] if len(dom) >= 3 and isinstance(dom[-3], int) else None
-        cores = num_cores(host)
-        per_row = (2 * n_ext + k_ext) * 4 * (2 if target.double_buffer else 1)
-        rb = max(1, min(32, target.ub_usable // max(1, per_row)))
-        if m_ext is not None:
-            rb = min(rb, max(1, m_ext // (2 * cores)))
-        rb = 1 << (rb.bit_length() - 1)
-        rows = ReductionRule()
-        if not rows.schedule_rows(sch, infos[first_red:], target, host, also=also, rows_per_step=rb,
-                                  extra_row_bytes=k_ext * 4, tails=tails):
-            return None
-        self.note = rows.note
-        return sch
 
     def _split_stages(self, sch, infos, gi, first_red, last_out, target, host):
-        from .elementwise import tile_injective
-
         gemm = infos[gi]
         chain = infos[gi + 1:first_red]
-        for b in infos[:gi] + chain[:last_out]:
+        for b in infos[:gi] + chain[:max(0, last_out)]:          # in front of the residual output
             if not is_output_block(sch, b.block_rv):
                 ok(sch.compute_inline, b.block_rv)
         also = []
@@ -310,8 +89,8 @@ class GemmNormRule(ScheduleRule):
             if pos == len(rest) - 1 or not ok(sch.compute_inline, b.block_rv):
                 ok(sch.set_scope, b.block_rv, 0, UB_SCOPE)      # the row being normalised, per row in UB
                 also.append(b.name)
-        rows = ReductionRule()
-        if not rows.schedule_rows(sch, infos[first_red:], target, host, also=also):
+        done, rows_note = schedule_rows(sch, infos[first_red:], target, host, also=also)
+        if not done:
             return None
         lanes = vector_lanes(host, 32)
         for b in chain[:max(0, last_out + 1)]:
@@ -324,7 +103,100 @@ class GemmNormRule(ScheduleRule):
             if num_cores(host) > 1 and loops:
                 ok(sch.parallel, loops[0])
         if last_out >= 0:
-            self.note = "residual sum is a second output: GEMM and residual run as separate stages, the norm per row"
-        else:
-            self.note = rows.note
-        return sch
+            return Scheduled(sch, "residual sum is a second output: GEMM and residual run as separate stages, "
+                                  "the norm per row")
+        return Scheduled(sch, rows_note)
+
+
+def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=()) -> tuple[bool, str | None]:
+    """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
+    alone) one row at a time. ``also``: names of producer blocks to compute per row too (the row being
+    normalised after a GEMM). Returns (done, note): done is False when the stage does not have that shape;
+    the note says when a row does not fit UB."""
+    kinds = [b.dom_kind() for b in infos]
+    if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
+        return False, None
+    nrow = min(leading_spatial(k) for k in kinds)
+    last = infos[-1]
+    out_dtype_bits = buffer_bytes(sch.get(last.block_rv).writes[0].source) * 8
+    lanes = vector_lanes(host, out_dtype_bits)
+
+    # Row geometry of the last block.
+    dom = last.dom()
+    row_elems = math.prod(d if isinstance(d, int) else 1 << 16 for d in dom[nrow:]) if len(dom) > nrow else 1
+    red_elems = max((math.prod(d if isinstance(d, int) else 1 << 16 for d in b.dom()[leading_spatial(b.dom_kind()):])
+                     for b in infos if b.is_reduction()), default=1)
+    row_elems = max(row_elems, red_elems)
+
+    # 1. prologue blocks: inline single-use ones, stage multi-use full rows in UB.
+    staged = []
+    for info in infos[:-1]:
+        if info.is_reduction() or is_output_block(sch, info.block_rv):
+            continue
+        consumers = sch.get_consumers(info.block_rv)
+        full_row = len(info.dom()) > nrow
+        if len(consumers) > 1 and full_row:
+            staged.append(info.block_rv)
+        elif not ok(sch.compute_inline, info.block_rv) and full_row:
+            staged.append(info.block_rv)
+
+    # Does one row fit? inputs + staged rows + output, double-buffered.
+    stmt = sch.get(last.block_rv)
+    n_row_buffers = len(staged) + len(stmt.writes) + len(
+        [r for r in stmt.reads if len(r.region) > nrow])
+    row_bytes = row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) * (2 if target.double_buffer else 1)
+    stage_rows = row_bytes <= target.ub_usable
+    note = None
+    if not stage_rows:
+        note = (f"one row needs {row_bytes} B of UB > {target.ub_usable} B usable: row tensors stream "
+                f"from GM in {lanes}-element chunks instead of being staged")
+    for blk in staged:
+        if stage_rows:
+            try_(sch.set_scope, blk, 0, UB_SCOPE)
+
+    # 2. rfactor the row reductions into lane-wide partials (before compute_at).
+    rf_blocks = []
+    for info in infos:
+        if not info.is_reduction():
+            continue
+        blk = info.block_rv
+        rloops = [it.loop_rv for it in info.iters if it.kind == "R"]
+        r = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
+        ext = extent(sch, r)
+        v = vector_width_for(ext, lanes)
+        if not is_output_block(sch, blk):
+            try_(sch.set_scope, blk, 0, UB_SCOPE)
+        if ext is None or v < 4 or ext < 2 * v:
+            continue
+        _, ki = sch.split(r, [None, v])
+        rf = try_(sch.rfactor, ki, 0)
+        if rf is not None:
+            try_(sch.set_scope, rf, 0, UB_SCOPE)
+            rf_blocks.append(rf)
+
+    # 3. everything at the row loop of the last block.
+    mine = {b.name for b in infos} | {sch.get(b).name_hint for b in rf_blocks} | set(also)
+    blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint in mine]
+    last_blk = blocks[-1]
+    if not sch.get(last_blk).name_hint == sch.get(last.block_rv).name_hint:
+        return False, None
+    row_loops = loops_through(sch, last_blk, last, nrow)
+    row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    cores = num_cores(host)
+    for blk in reversed(blocks[:-1]):
+        sch.compute_at(blk, row, preserve_unit_loops=True)
+    total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
+    if cores > 1 and total >= MIN_PARALLEL_ELEMENTS:
+        try_(sch.parallel, row)
+
+    # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
+    rf_names = {sch.get(b).name_hint for b in rf_blocks}
+    for blk in blocks_under(sch, row):
+        name = sch.get(blk).name_hint
+        if name in rf_names:
+            vectorize_rf(sch, blk)
+        elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
+            innermost_vector(sch, blk, lanes)
+        elif is_contraction(sch, blk):
+            schedule_contraction(sch, blk, lanes)
+    return True, note

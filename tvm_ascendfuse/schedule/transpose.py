@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 import tvm
-from tvm.s_tir import TensorIntrin
+from tvm.s_tir import ScheduleError, TensorIntrin
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
@@ -69,16 +69,16 @@ def _register_once(name: str, build) -> str:
     """Register intrinsic ``name`` from ``build(impl: bool)`` unless this process already has it."""
     try:
         TensorIntrin.get(name)
-    except Exception:  # noqa: BLE001 - not registered yet
+    except ValueError:      # not registered yet
         TensorIntrin.register(name, build(False), build(True))
     return name
 
 
 def _apply_on_copy_first(sch, apply) -> bool:
-    """``apply(sch)`` if it succeeds on a copy of ``sch``; False (``sch`` untouched) when it raises."""
+    """``apply(sch)`` if it succeeds on a copy of ``sch``; False (``sch`` untouched) when a primitive refuses."""
     try:
         apply(sch.copy())
-    except Exception:  # noqa: BLE001 - a tile the intrinsic does not match: the caller keeps its loops
+    except ScheduleError:   # a tile the intrinsic does not match: the caller keeps its loops
         return False
     apply(sch)
     return True

@@ -9,8 +9,9 @@ from tvm import relax
 from tests.helpers import assert_same_numbers, kernel_count
 from tvm_ascendfuse.analysis.traffic import count_primfunc
 from tvm_ascendfuse.frontend import import_onnx
-from tvm_ascendfuse.grouping import CostBasedFusionPass, PatternFusionPass
-from tvm_ascendfuse.grouping.grouping import _Model
+from tvm_ascendfuse.grouping import GroupingConfig, PatternFusionPass
+from tvm_ascendfuse.grouping.graph import build_graph
+from tvm_ascendfuse.grouping.model import FusionModel
 from tvm_ascendfuse.pipeline import graph_fusion_phase
 from tvm_ascendfuse.report import FusionReport
 from tvm_ascendfuse.switches import resolve_switches
@@ -33,18 +34,16 @@ def _modeled_bytes_per_kernel(result) -> dict:
     target = get_target("ascend910b")
     mod = PatternFusionPass(target, FusionReport(), resolve_switches(None))(result.graph_fused)
     mod = relax.transform.FoldConstant()(relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(mod)))
-    grouping = CostBasedFusionPass(target, FusionReport())
     func = mod["main"]
     [block] = [b for b in func.body.blocks if isinstance(b, relax.DataflowBlock)]
-    nodes = grouping._nodes(block, func, mod, target)
-    model = _Model(nodes, target, grouping.config)
-    model.var_node = grouping._var_node
+    graph = build_graph(block, func, mod, target, [])
+    model = FusionModel(graph, target, GroupingConfig())
     out = {}
-    for pat in grouping._patterns:
-        members = pat["nodes"]
+    for pat in graph.patterns:
+        members = pat.nodes
         outs = model.outputs(members, lambda _: None)
         cost, _ = model.cost(members, outs, model.inputs(members))
-        out[pat["name"]] = cost.dense_bytes
+        out[pat.name] = cost.dense_bytes
     return out
 
 

@@ -87,12 +87,15 @@ def test_transformer_mlp_recognised():
 def test_every_pass_is_listed_and_switchable():
     from tvm_ascendfuse.switches import GRAPH_FUSION, known_switches
     names = [cls.switch_name for cls in GRAPH_FUSION_PASSES]
-    assert len(set(names)) == len(names) == 12
+    assert len(set(names)) == len(names) == 14
     assert all(known_switches()[n].category == GRAPH_FUSION for n in names)
     assert names.index("LayerNormFusionPass") < names.index("RMSNormFusionPass")
     assert names.index("FocusConvFusionPass") < names.index("ConvBatchnormFusionPass")
     assert names.index("ConcatSplitFusionPass") < names.index("ConvBatchnormFusionPass")
     assert names[-1] == "MatMulSiblingMergeFusionPass"
+    # one-op attention is written out, and its transposes collapsed, before anything looks for attention
+    assert names.index("ScaledDotProductAttentionFusionPass") < names.index("TransposeChainFusionPass") \
+        < names.index("MatMulBiasAddFusionPass")
 
 
 def csp_tail():
@@ -127,3 +130,18 @@ def test_gemm_bn_folds_after_transpose_fold():
     assert counts(result, "MatMulBiasAddFusionPass") == (1, 1)
     assert counts(result, "ConvBatchnormFusionPass") == (1, 1)
     assert [k["ops"] for k in result.report.kernels] == [["matmul", "add"]]
+
+
+@pytest.mark.parametrize("off,apart", [(None, True), ("ChainedGemmFusionPass", False),
+                                       ("AttentionProjectionFusionPass", False), ("CostBasedFusionPass", True)])
+def test_sibling_merge_query_apart_given_by_constructor(off, apart):
+    """The query projection is left apart only when the attention kernel can take it (both switches on)."""
+    from tvm_ascendfuse.pipeline import graph_fusion_phase
+    from tvm_ascendfuse.report import FusionReport
+    from tvm_ascendfuse.switches import resolve_switches
+    from tvm_ascendfuse.target import get_target
+
+    passes = graph_fusion_phase(get_target("ascend910b"), resolve_switches({off: "off"} if off else None),
+                                FusionReport())
+    [merge] = [p for p in passes if p.info.name == "MatMulSiblingMergeFusionPass"]
+    assert merge.query_apart is apart

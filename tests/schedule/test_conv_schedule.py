@@ -1,0 +1,32 @@
+"""The conv2d schedule's own choices: register blocks from the host's vector registers, blocks of output rows
+from the core count and the target's L1. (Its numbers are checked through the conv and pool rules.)"""
+
+from tvm_ascendfuse.schedule.conv_schedule import _row_blocks, choose_conv_tiles
+from tvm_ascendfuse.schedule.hostvec import HostVector
+from tvm_ascendfuse.target import get_target
+
+
+def test_tiles_from_host_registers():
+    npu = get_target("ascend910b")
+    t = choose_conv_tiles(128, 56, "float32", HostVector(512, 32, 2), npu)
+    assert (t.ocb, t.owr) == (32, 8)                       # 2 x 8 = 16 zmm accumulators
+    t = choose_conv_tiles(128, 28, "float32", HostVector(512, 32, 2), npu)
+    assert (t.ocb, t.owr) == (32, 7)
+    # weights re-read per register block: 14 columns per weight vector beat 2 x 7 (7 columns per vector)
+    t = choose_conv_tiles(128, 28, "float32", HostVector(512, 32, 2), npu, columns_first=True)
+    assert (t.ocb, t.owr) == (16, 14)
+    for ow in (56, 7):       # 2 x 8 already has 8 columns; at 7 columns the most accumulators win
+        t = choose_conv_tiles(128, ow, "float32", HostVector(512, 32, 2), npu, columns_first=True)
+        assert (t.ocb, t.owr) == (32, min(ow, 8))
+    t = choose_conv_tiles(64, 28, "float32", HostVector(256, 16, 2), npu)
+    assert t.vl == 8 and t.ocr * t.owr <= 8 and 28 % t.owr == 0
+
+
+def test_row_blocks_are_a_multiple_of_the_cores():
+    assert _row_blocks(56, 2) == 4 and _row_blocks(112, 2) == 8 and _row_blocks(8, 2) == 2
+    assert _row_blocks(56, 4) == 4 and _row_blocks(48, 3) == 3
+    assert _row_blocks(13, 2) is None and _row_blocks(7, 2) is None     # odd or short: padded at the root
+    # padded rows sized against a budget: the fewest blocks that fit, else the most
+    assert _row_blocks(56, 2, lambda rows: rows * 1000 <= 28_000) == 2
+    assert _row_blocks(56, 2, lambda rows: rows * 1000 <= 14_000) == 4
+    assert _row_blocks(56, 2, lambda rows: False) == 14

@@ -1,0 +1,458 @@
+"""The conv2d schedule: NCHW conv2d (any kernel, stride, padding, dilation; groups=1) + injective epilogue.
+
+Recognised from the blocks: one reduction block ``C[n, f, y, x] += D[n, c, ..y.., ..x..] * W[f, c, r, s]``
+(casts allowed) whose output and weight indices are bare iterators in NCHW / OIHW order. Its padding
+prologue (``pad_temp``, with whatever injective ops feed it inlined, e.g. the Focus slicing) is computed
+inside the one parallel loop when that loop runs over blocks of output rows (each task pads the input rows
+of its block, halo rows twice: no second fork/join, the rows stay in the core's cache; measured faster with
+two threads, the same with one), else once at the root, parallel over channels. Epilogue ops (folded-BN
+bias, activation, residual add) are fused into the store of each output tile, which reaches NCHW through a
+register transpose where the tile has its shape (``transpose.py``; measured faster on one core, most on
+strided and pointwise convs). Grouped and depthwise convs have another index structure and are left to the
+fallback rule.
+
+Tiling: the accumulator tile (ocb output channels x owr output columns of one row) lives in ``local.UB``
+in an NCHW[vl]c layout, so the vector axis (output channels) is innermost; each FMA multiplies vl output
+channels by one broadcast input pixel. ocb x owr is the host's register block (AVX-512: 32 x 8 fp32 =
+16 zmm accumulators), which on the NPU is a small UB tile (1 KiB) well inside usable UB for any conv. The
+weight is re-laid out to (OC/ocb, IC, KH, KW, ocb) when it is a compile-time constant (``layout.py``).
+A pointwise conv's NCHW input staged NCHW[16]c (``_wants_nchwc``) is copied through the input-side register
+transpose (16 channels x 8 columns, ``transpose.py``) where the width is a multiple of 8, else gathered lane
+by lane (the transpose measured faster on every pointwise shape tried, most where the input has few
+channels per output).
+
+Tuning: with a ``tiles`` chooser the register block and the blocks of output rows become one sampled
+decision over ``conv_candidates`` (``tunable.py``), the schedule's own choice first; without one the schedule
+makes its own.
+
+A function, not a rule: the conv2d rule applies it to a conv kernel, the pool rule to the conv in front of a
+pool (ResNet's stem conv + max-pool) in the same kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+
+from ..ir import dtype_bytes
+from ..target import AscendTarget
+from .analysis import LOAD, ConvBlock, match_conv2d, strip_cast
+from .base import UB_SCOPE
+from .common import as_target, extent, ok, parallel_vector, still_exists, tile_local, try_, vectorize_inner
+from .hostvec import HostVector
+from .layout import mark_prepack, packable_param
+from .transpose import transpose_load, transpose_store
+
+_SUBSAMPLE = "ascendfuse.conv_subsample"   # marks the gathered input of a strided 1x1 conv
+
+
+@dataclass(frozen=True)
+class ConvTiles:
+    vl: int     # lanes along output channels
+    ocr: int    # vectors along output channels: ocb = ocr * vl
+    owr: int    # output columns of the register block
+
+    @property
+    def ocb(self) -> int:
+        return self.ocr * self.vl
+
+
+@dataclass(frozen=True)
+class ConvChoice:
+    """One point of the tunable space: the register block and the blocks of output rows of the parallel
+    loop when each task pads its own rows (None: the rule's path has no such blocks)."""
+
+    tiles: ConvTiles
+    row_blocks: int | None
+
+
+def conv_candidates(default: ConvChoice, oc: int, ow: int, dtype: str, hv: HostVector, target: AscendTarget,
+                    accept=None, row_blocks=()) -> list[ConvChoice]:
+    """Choices a tuner may try: the default first, then every register block of ``ocr`` vectors (dividing
+    OC) x ``owr`` columns (dividing OW, or the most the accumulators allow) that keeps at least a quarter of
+    the host's accumulator registers busy and fits the rule's UB checks (double-buffered accumulator tile
+    within usable UB; ``accept(tiles)``: the path's own check, e.g. the channel chunks of a small plane),
+    each with every block count of ``row_blocks`` (already L1-checked by the caller)."""
+    vl, acc = default.tiles.vl, hv.accumulators
+    nbytes = dtype_bytes(dtype)
+    copies = 2 if target.double_buffer else 1
+    blocks = [default.row_blocks] + [b for b in row_blocks if b != default.row_blocks]
+    out = [default]
+    for ocr in range(1, acc + 1):
+        if oc % (ocr * vl):
+            continue
+        cap = min(ow, acc // ocr)
+        for owr in sorted({d for d in range(1, cap + 1) if ow % d == 0} | {cap}):
+            if 4 * ocr * owr < min(acc, oc // vl * ow):
+                continue
+            if copies * target.align_up(ocr * vl * owr * nbytes) > target.ub_usable:
+                continue
+            if accept is not None and not accept(ConvTiles(vl, ocr, owr)):
+                continue
+            for rb in blocks:
+                c = ConvChoice(ConvTiles(vl, ocr, owr), rb)
+                if c not in out:
+                    out.append(c)
+    return out
+
+
+def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: AscendTarget,
+                      columns_first: bool = False) -> ConvTiles:
+    """Register block from the host's vector file, capped so the accumulator tile fits usable UB.
+
+    Default: two vectors of output channels (fewest loads per FMA), as many columns as the accumulators
+    allow. ``columns_first`` (a conv with KW > 1 whose every register block re-reads all its weights from
+    L2): each weight vector feeds owr FMAs, and below half the accumulator count of columns per vector the
+    weight stream outpaces the FMAs, so the column block comes first, then the accumulator count.
+    With the NCHW input (``_wants_nchwc``) it measured faster on this host (one core) for 3x3 convs of 128
+    and 256 channels, strided or not (1 x 14 instead of 2 x 7 at a width of 28); where the default already
+    has 8 columns it keeps 2 x 8. Pointwise convs and small planes (weights cache resident) keep the default:
+    1 x 14 measured slower there (one broadcast load per FMA, no sliding reuse along KW)."""
+    lanes = hv.lanes(dtype)
+    vl = 1
+    while vl * 2 <= lanes and oc % (vl * 2) == 0:
+        vl *= 2
+    acc = hv.accumulators
+
+    def columns(ocr):
+        cap = max(1, min(ow, acc // ocr))
+        # prefer a column block dividing OW (no predicated tail) if one is at least half the cap
+        owr = next((d for d in range(cap, 0, -1) if ow % d == 0), cap)
+        return cap if owr * 2 <= cap else owr
+
+    cands = [(ocr, columns(ocr)) for ocr in (2, 1) if oc >= ocr * vl and oc % (ocr * vl) == 0]
+    if columns_first:
+        ocr, owr = max(cands, key=lambda c: (c[1] * 2 >= acc, c[0] * c[1], c[0]))
+    else:
+        ocr, owr = cands[0]
+    nbytes = dtype_bytes(dtype)
+    copies = 2 if target.double_buffer else 1
+    while owr > 1 and copies * target.align_up(ocr * vl * owr * nbytes) > target.ub_usable:
+        owr //= 2
+    return ConvTiles(vl, ocr, owr)
+
+
+@dataclass(frozen=True)
+class ConvOptions:
+    """How the conv2d schedule may shape a kernel; the defaults are the measured recipe."""
+
+    prepack: bool = True             # re-lay a constant weight out (OC/ocb, IC, KH, KW, ocb) at compile time
+    # 0: no channel chunks (the measured recipe); None: chunk from the target's UB (measured faster on a
+    # strided 3x3 conv, slower on a 14x14 plane on this host, so not the default); n: n channels (tuning)
+    channel_chunk: int | None = 0
+    nchwc_min_ic: int | None = None  # see _wants_nchwc; 0: never re-lay the input out
+    nchwc_min_plane: int = 2048
+    plane_chunks: bool = True        # small output planes: channel chunks outside the pixel loops (_plane_chunk)
+    row_block_max_plane: int = 4096
+    subsample_strided: bool = True   # a strided 1x1 conv gathers its input pixels first
+    pad_in_task: bool = True         # see _row_blocks
+    row_blocks: int | None = None    # None: from the core count (_row_blocks); n: n blocks (tuning)
+    transpose: bool = True           # NCHW[vl]c -> NCHW store through register shuffles (transpose.py)
+    transpose_input: bool = True     # NCHW -> NCHW[icb]c input staging through register shuffles
+    # ``tiles(sch, default, candidates)``, when given, picks the ConvChoice to use (a tuner samples one of
+    # ``candidates()``, see ``tunable.py``); without it the schedule makes its own choice
+    tiles: object = None
+
+
+DEFAULT_OPTIONS = ConvOptions()
+
+
+def _wants_nchwc(opts: ConvOptions, sch, conv, info, ic, icb) -> bool:
+    """Re-lay the input out NCHW[icb]c when the channel planes are far apart (a plane of at least
+    ``nchwc_min_plane`` bytes: every channel of a register block's reads is another line and page) and
+    the conv is pointwise, or (``nchwc_min_ic`` set) reads at least that many channels per output.
+    Measured much faster on this host for wide pointwise convs on large planes. Convs with a larger kernel
+    keep NCHW (read in place, padded per task): with the column-first register blocks of
+    ``choose_conv_tiles`` NCHW measured faster than NCHW[16]c on 3x3 convs, strided or not (one core)."""
+    if ic is None or ic % icb:
+        return False
+    d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
+    w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
+    if None in d_shape or None in w_shape:
+        return False
+    plane = d_shape[2] * d_shape[3] * dtype_bytes(info.out_dtype)
+    wide = opts.nchwc_min_ic is not None and ic >= opts.nchwc_min_ic
+    return plane >= opts.nchwc_min_plane and (w_shape[2] * w_shape[3] == 1 or wide)
+
+
+def _channel_chunk(opts: ConvOptions, ic, sch, conv, ow, target, info) -> int | None:
+    """Input channels per chunk when the input rows one output row needs (KH rows of the padded input,
+    every channel) exceed a quarter of usable UB (double-buffered input, weights, accumulator), else
+    None. 1x1 convs are not chunked: their accumulator row would leave the registers for one FMA per
+    channel (measured slower)."""
+    if opts.channel_chunk is not None:
+        return opts.channel_chunk or None
+    w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
+    d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
+    if ic is None or None in w_shape or None in d_shape or w_shape[2] * w_shape[3] == 1:
+        return None
+    per_channel = w_shape[2] * d_shape[3] * dtype_bytes(info.out_dtype)
+    budget = target.ub_usable // 4
+    if ic * per_channel <= budget:
+        return None
+    chunk = max(1, budget // per_channel)
+    while ic % chunk:
+        chunk -= 1
+    return chunk if chunk < ic else None
+
+
+def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles, target, hv: HostVector):
+    """(input channels per chunk, output rows per block) for a small output plane, else None.
+
+    With the reduction innermost, every register block streams the weights of all IC channels
+    (IC x KH x KW x ocb) from L2 and reuses them for one block only. On a small plane (7x7, 14x14) the
+    accumulator of a whole block of output rows fits UB, so the channel chunk loop goes outside the
+    pixel loops and one chunk of weights plus its input planes is reused by every block of the plane.
+    A pointwise stride-1 conv whose input planes are at most ``row_block_max_plane`` bytes (one page)
+    may use a block of output rows instead of the whole plane when the plane's accumulator is too big;
+    it then reads the input in place instead of re-laying it out NCHW[vl]c (a full copy per call).
+    Sizes: accumulator and the chunk's working set (weights + input rows) each within a quarter of
+    usable UB, chunks of 16..64 channels; the rows are split further only to give every core two tasks.
+    Measured on this host, one core (ResNet-50 shapes): faster for 3x3 and 1x1 convs on 7x7 and 14x14
+    planes and for 1x1 convs on 28x28 (row blocks); neutral for 3x3 on 28x28 and 56x56; slower than the
+    NCHW[vl]c input for 1x1 on 56x56 and strided 1x1, and with 8-channel chunks: those keep the
+    register-resident reduction."""
+    w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
+    d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
+    oc, oh, ow = out_dims
+    if ic is None or None in w_shape or None in d_shape or None in (oh, ow, oc):
+        return None
+    nbytes = dtype_bytes(info.out_dtype)
+    budget = target.ub_usable // 4
+    fit = oh
+    while fit > 1 and (oh % fit or fit * ow * t.ocb * nbytes > budget):
+        fit -= 1
+    pointwise = w_shape[2] == w_shape[3] == 1 and d_shape[2:] == [oh, ow]
+    row_blocks_ok = pointwise and d_shape[2] * d_shape[3] * nbytes <= opts.row_block_max_plane
+    if fit * ow * t.ocb * nbytes > budget or (fit < oh and not row_blocks_ok):
+        return None
+    in_rows = min(d_shape[2], -(-d_shape[2] * fit // oh) + w_shape[2])
+    per_channel = (w_shape[2] * w_shape[3] * t.ocb + in_rows * d_shape[3]) * nbytes
+    chunk = 64
+    while chunk > 16 and (chunk * per_channel > budget or 2 * chunk > ic):
+        chunk //= 2
+    if chunk * per_channel > budget or ic % chunk or ic < 2 * chunk:
+        return None
+    tasks_per_row = -(-oc // t.ocb)
+    row_blocks = max(1, -(-2 * hv.cores // tasks_per_row))
+    rows = min(fit, -(-oh // row_blocks))
+    while oh % rows:
+        rows += 1
+    if tasks_per_row * (oh // rows) < 2 * hv.cores:
+        return None      # too few parallel tasks left (few output channels, prime row count)
+    return chunk, rows
+
+
+def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, opts: ConvOptions = DEFAULT_OPTIONS):
+    """Schedule the conv2d ``info`` (block ``ci`` of ``blocks``, the function's root blocks; the blocks after
+    it are its injective epilogue) in place; None when its output channels or columns are symbolic. Used by
+    the conv2d rule, and by the pool rule for the conv in front of a pool."""
+    conv = info.block
+    lanes = hv.lanes(info.out_dtype)
+    # prologue: everything inlined into the block the conv reads (pad_temp), materialised at the root
+    pro = blocks[:ci]
+    for b in pro:
+        if not any(sch.get(c).same_as(sch.get(conv)) for c in sch.get_consumers(b)):
+            ok(sch.compute_inline, b)
+    loops = sch.get_loops(conv)
+    ic = extent(sch, loops[4])
+    oc, oh, ow = extent(sch, loops[1]), extent(sch, loops[2]), extent(sch, loops[3])
+    if oc is None or ow is None:
+        return None
+    if opts.subsample_strided:
+        sub = _subsample_strided_pointwise(sch, conv, info, pro, (oh, ow))
+        if sub is not None:
+            pro, info = sub
+    t = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target))
+    icb = hv.lanes(info.out_dtype)
+    pad_blocks = [b for b in pro if still_exists(sch, b)]
+    plane = None
+    if opts.plane_chunks and opts.channel_chunk == 0 and len(pad_blocks) <= 1:
+        plane = _plane_chunk(opts, ic, (oc, oh, ow), sch, conv, info, t, as_target(target), hv)
+    if plane is not None or not (opts.nchwc_min_ic != 0 and len(pad_blocks) == 1
+                                 and _wants_nchwc(opts, sch, conv, info, ic, icb)):
+        icb = None
+    kw = extent_of(info.weight_buf.ty.shape[3])
+    if plane is None and icb is None and opts.channel_chunk == 0 and kw is not None and kw > 1:
+        t = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), columns_first=True)
+    for b in pro:
+        if icb is None and still_exists(sch, b) and _is_plain_copy(sch, b) and \
+                _SUBSAMPLE not in sch.get(b).annotations:
+            ok(sch.compute_inline, b)     # a "pad" of zero width (1x1 convs): read the input directly
+    rci = _channel_chunk(opts, ic, sch, conv, ow, as_target(target), info) if icb is None else None
+    rows = 1
+    if plane is not None:
+        rci, rows = plane
+    blocks_of_rows, fits = None, None
+    pads_left = [b for b in pro if still_exists(sch, b)]
+    if opts.pad_in_task and icb is None and rci is None and len(pads_left) == 1 and oh is not None:
+        fits = _padded_rows_fit(sch, pads_left[0], oh, info, as_target(target))
+        blocks_of_rows = opts.row_blocks if opts.row_blocks and oh % opts.row_blocks == 0 \
+            else _row_blocks(oh, hv.cores, fits)
+    chosen = default = ConvChoice(t, blocks_of_rows)
+    if opts.tiles is not None:
+        # a small plane's channel chunk and rows follow the register block, as the rule derives them
+        replan = (lambda tiles: _plane_chunk(opts, ic, (oc, oh, ow), sch, conv, info, tiles,
+                                                  as_target(target), hv)) if plane is not None else None
+        more = [] if blocks_of_rows is None else _row_block_choices(oh, hv.cores, fits)
+        chosen = opts.tiles(sch, default, lambda: conv_candidates(
+            default, oc, ow, info.out_dtype, hv, as_target(target),
+            replan and (lambda tiles: replan(tiles) is not None), more))
+        t, blocks_of_rows = chosen.tiles, chosen.row_blocks
+        if replan is not None and chosen != default:
+            rci, rows = replan(t)
+    packed = False
+    if opts.prepack and oc % t.ocb == 0 and packable_param(sch, info.weight_buf) is not None:
+        ocb = t.ocb
+        mark_prepack(sch, conv, info.weight_read, lambda f, c, r, s: (f // ocb, c, r, s, f % ocb))
+        packed = True
+    epi = list(blocks[ci + 1:])
+    out_shape = sch.get(conv).writes[0].source.ty.shape
+    tiled_epi = all(tile_local(sch, b, out_shape) for b in epi)
+    if epi and tiled_epi:
+        sch.set_scope(conv, 0, UB_SCOPE)
+    else:
+        # No epilogue, or one that changes the shape (e.g. a concatenate the grouping merged in): it
+        # cannot run per conv tile, so the accumulator tile goes through UB and the epilogue runs after.
+        rest, epi = epi, [sch.cache_write(conv, 0, UB_SCOPE)]
+        if rest:
+            *before, after = rest
+            for b in before:
+                ok(sch.compute_inline, b)
+            parallel_vector(sch, after, lanes)
+    *inner, last = epi
+    for b in inner:
+        ok(sch.compute_inline, b)
+    n, ff, yy, xx, rc, ry, rx = sch.get_loops(conv)
+    f0, f1, f2 = sch.split(ff, [None, t.ocr, t.vl])
+    x0, x1 = sch.split(xx, [None, t.owr])
+    if icb is not None:
+        # many input channels: the (padded) input is re-laid out NCHW[icb]c once, so the channels one
+        # register block reads are contiguous (few pages and lines per tile instead of one per channel)
+        pad = pad_blocks[0]
+        sch.transform_layout(pad, ("write", 0), lambda a, c, h, w: (a, c // icb, h, w, c % icb))
+        pn, pc, ph, pw = sch.get_loops(pad)
+        pco, pci = sch.split(pc, [None, icb])
+        sch.reorder(pn, pco, ph, pw, pci)
+        try_(sch.parallel, sch.fuse(pn, pco, ph))
+        if not (opts.transpose_input and transpose_load(sch, pad, icb)):
+            try_(sch.vectorize, pci)      # one scalar load and insert per element
+        rco, rc = sch.split(rc, [None, icb])
+        sch.reorder(n, f0, yy, x0, rco, ry, rx, rc, x1, f1, f2)
+        red_outer, epi_at = rco, x0
+    elif rci is not None:
+        # input channels in chunks whose input rows (one output row) or whole input planes (a block of
+        # output rows) stay cache/UB resident; the accumulator holds those output rows across chunks
+        rco, rc = sch.split(rc, [None, rci])
+        if rows > 1:
+            yy, yi = sch.split(yy, [None, rows])
+            sch.reorder(n, f0, yy, rco, yi, x0, rc, ry, rx, x1, f1, f2)
+        else:
+            sch.reorder(n, f0, yy, rco, x0, rc, ry, rx, x1, f1, f2)
+        red_outer, epi_at = rco, yy
+    else:
+        sch.reorder(n, f0, yy, x0, rc, ry, rx, x1, f1, f2)
+        red_outer, epi_at = rc, x0
+    if oc % t.vl == 0:
+        vl = t.vl
+        sch.transform_layout(conv, ("write", 0), lambda a, f, y, x: (a, f // vl, y, x, f % vl))
+    if ok(sch.reverse_compute_at, last, epi_at):
+        if opts.transpose and epi_at is x0 and oc % t.vl == 0:
+            transpose_store(sch, last, sch.get(conv).writes[0].source, t.owr, t.vl)
+        vectorize_inner(sch, last, lanes)
+    else:
+        parallel_vector(sch, last, lanes)
+    sch.vectorize(f2)
+    try_(sch.unroll, f1)
+    try_(sch.unroll, x1)
+    try_(sch.unroll, rx)
+    if blocks_of_rows is not None:
+        # one parallel region: each task pads the input rows of its block of output rows itself (no
+        # separate fork/join, and the padded rows stay in the cache of the core that reads them)
+        yb, yi = sch.split(yy, [blocks_of_rows, None])
+        sch.reorder(yb, f0)
+        task = sch.fuse(n, yb)
+        sch.parallel(task)
+        sch.compute_at(pads_left[0], task)
+    else:
+        sch.parallel(sch.fuse(n, f0, yy))
+        for b in pro:
+            if icb is None and still_exists(sch, b):   # the padded input, once at the root: parallel
+                pl = sch.get_loops(b)
+                try_(sch.parallel, sch.fuse(*pl[:2]) if len(pl) > 2 else pl[0])
+    init = sch.decompose_reduction(conv, red_outer)
+    il = sch.get_loops(init)
+    try_(sch.vectorize, il[-1])
+    try_(sch.unroll, il[-2])
+    try_(sch.unroll, il[-3])
+    rows_note = f" row_blocks={blocks_of_rows}" if chosen.row_blocks != default.row_blocks else ""
+    sch.annotate(conv, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}{rows_note}")
+    return sch
+
+
+def _subsample_strided_pointwise(sch, conv, info: ConvBlock, pro, out_hw):
+    """A strided 1x1 conv reads every s-th pixel of its input: gather those pixels once into an NCHW buffer
+    of the output's size (``reindex`` of the data read, the zero-width pad inlined into it), so the conv
+    becomes a stride-1 pointwise conv on a plane s*s times smaller instead of re-laying out (or striding
+    through) the whole input. Returns (prologue blocks, re-matched conv) or None when not applicable."""
+    w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
+    pads = [b for b in pro if still_exists(sch, b)]
+    d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
+    if w_shape[2:] != [1, 1] or len(pads) != 1 or None in d_shape or d_shape[2:] == list(out_hw):
+        return None
+    rb = sch.reindex(conv, ("read", info.data_read))
+    sch.transform_layout(rb, ("write", 0), lambda n, y, x, c: (n, c, y, x))
+    ok(sch.compute_inline, pads[0])
+    rn, ry, rx, rc = sch.get_loops(rb)
+    sch.reorder(rn, rc, ry, rx)          # parallelised over (n, c) with the other prologue blocks
+    sch.annotate(rb, _SUBSAMPLE, 1)
+    info = match_conv2d(sch, conv)
+    return ([rb], info) if info is not None else None
+
+
+def _row_splits(oh: int, cores: int) -> list[int]:
+    """Block counts of output rows for the parallel loop when each task pads its own input rows: multiples
+    of the core count (equal static shares: TVM splits a parallel loop into one contiguous range per thread),
+    dividing OH, each block at least 4 rows (the KH-1 halo rows padded twice stay a small fraction)."""
+    cores = max(1, cores)
+    return [nb for nb in range(cores, oh // 4 + 1, cores) if oh % nb == 0]
+
+
+def _row_blocks(oh: int, cores: int, fits=None) -> int | None:
+    """The fewest ``_row_splits`` whose padded input rows fit (``fits(rows)``, default at most 16 rows), so
+    they stay cache resident, else the most. None when OH has no such split (odd or short): the pad runs at
+    the root."""
+    splits = _row_splits(oh, cores)
+    return next(iter(_row_block_choices(oh, cores, fits)), splits[-1] if splits else None)
+
+
+def _row_block_choices(oh: int, cores: int, fits=None) -> list[int]:
+    """Every ``_row_splits`` count whose padded input rows fit (``fits``): the tuner's choices."""
+    fits = fits or (lambda rows: rows <= 16)
+    return [nb for nb in _row_splits(oh, cores) if fits(oh // nb)]
+
+
+def _padded_rows_fit(sch, pad, oh: int, info: ConvBlock, target: AscendTarget):
+    """``fits(rows)`` for _row_blocks: the padded input rows a block of ``rows`` output rows reads (all
+    channels) within the target's L1, the buffer that stages a feature-map block for the cube unit (on
+    this host: the core's L2). A 64-channel 56x56 conv then takes 2 blocks of 28 rows (445 KiB) instead of
+    4 of 14, one per core: measured slightly faster with two threads (interleaved runs), within noise on
+    other shapes, the same with one thread."""
+    shape = [extent_of(d) for d in sch.get(pad).writes[0].source.ty.shape]
+    kh = extent_of(info.weight_buf.ty.shape[2])
+    if len(shape) != 4 or None in shape or kh is None:
+        return None
+    _, c, ph, pw = shape
+    nbytes = dtype_bytes(sch.get(pad).writes[0].source.ty.dtype)
+    return lambda rows: min(ph, -(-rows * ph // oh) + kh - 1) * c * pw * nbytes <= target.l1_bytes
+
+
+def extent_of(dim) -> int | None:
+    return int(dim) if isinstance(dim, tirx.IntImm) else None
+
+
+def _is_plain_copy(sch, block) -> bool:
+    """A block that stores one load of another buffer unchanged (no padding select)."""
+    body = sch.get(block).body
+    return isinstance(body, tirx.BufferStore) and isinstance(strip_cast(body.value), LOAD)
