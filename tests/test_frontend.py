@@ -213,17 +213,28 @@ def test_a_pickle_passed_as_model_or_report_is_never_unpickled(tmp_path, capsys)
     assert not marker.exists()
 
 
-_UNPICKLERS = {"pickle", "cloudpickle", "dill", "joblib", "shelve", "marshal", "torch"}
+_UNPICKLERS = {"pickle", "cloudpickle", "dill", "joblib", "shelve", "marshal"}
+_TORCH_LOADERS = {"load", "load_state_dict"}     # torch.load, torch.export.load: pickles inside
 
 
 def test_no_module_of_the_package_can_unpickle():
-    """No import of a pickle-family module, and no ``np.load(..., allow_pickle=True)``, anywhere in the
-    package (the tuner names cloudpickle only as a dependency of MetaSchedule's own worker processes)."""
+    """No import of a pickle-family module, no ``np.load(..., allow_pickle=True)`` anywhere in the package
+    (the tuner names cloudpickle only as a dependency of MetaSchedule's own worker processes), and torch's
+    loaders are called only under ``torch_frontend._weights_only_unpickling``."""
     root = Path(tvm_ascendfuse.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
+        guarded = set()
         for node in ast.walk(tree):
+            if isinstance(node, ast.With) and any("_weights_only_unpickling" in ast.unparse(i.context_expr)
+                                                  for i in node.items):
+                guarded.update(id(n) for n in ast.walk(node))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _TORCH_LOADERS and ast.unparse(node.func).startswith("torch.")
+                    and id(node) not in guarded):
+                found.append((path.name, ast.unparse(node.func)))
             if isinstance(node, ast.Import):
                 found += [(path.name, a.name) for a in node.names if a.name.split(".")[0] in _UNPICKLERS]
             elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in _UNPICKLERS:
@@ -233,3 +244,28 @@ def test_no_module_of_the_package_can_unpickle():
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
                 found.append((path.name, "__import__"))
     assert not found, found
+
+
+def test_a_pickle_inside_a_pt2_is_never_run(tmp_path, monkeypatch):
+    """torch.export.load retries a payload its weights-only loader refuses with the full unpickler; under our
+    loader that retry is refused too, and the file is reported as unreadable."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    from tvm_ascendfuse.torch_frontend import load_exported_program
+
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(_Payload(str(marker)))
+
+    def load_like_torch_export(path, *args, **kwargs):
+        try:
+            return torch.load(io.BytesIO(payload), weights_only=True)
+        except Exception:
+            return torch.load(io.BytesIO(payload), weights_only=False)   # what torch.export.load does
+
+    monkeypatch.setattr(torch.export, "load", load_like_torch_export)
+    path = tmp_path / "model.pt2"
+    path.write_bytes(b"placeholder")
+    with pytest.raises(ModelError, match="not a readable torch.export program"):
+        load_exported_program(path)
+    assert not marker.exists()
