@@ -74,10 +74,11 @@ def test_vector_storable_by_dtype():
 
 
 def test_bool_epilogues_of_matmul_conv_pool_rules():
-    """The rules that vectorise through ``matmul._vectorize_inner`` (GEMM/conv/pool epilogues and staging)
+    """The rules that vectorise through ``common.vectorize_inner`` (GEMM/conv/pool epilogues and staging)
     keep a bool epilogue's stores scalar too, and still compute what the unscheduled kernel computes."""
     from tvm_ascendfuse.schedule.conv import Conv2dRule
-    from tvm_ascendfuse.schedule.matmul import MatmulRule, _vectorize_inner
+    from tvm_ascendfuse.schedule.common import vectorize_inner
+    from tvm_ascendfuse.schedule.matmul import MatmulRule
     from tvm_ascendfuse.schedule.pool import PoolRule
 
     zero = relax.const(0.0)
@@ -87,5 +88,5 @@ def test_bool_epilogues_of_matmul_conv_pool_rules():
     check_rule(PoolRule(), fused_kernel(lambda x: op.less(op.nn.max_pool2d(x, [2, 2], [2, 2]), zero),
                                         [(1, 8, 16, 16)]))
     sch = s_tir.Schedule(_copy_int4)
-    _vectorize_inner(sch, sch.get_sblock("copy"), 16)
+    vectorize_inner(sch, sch.get_sblock("copy"), 16)
     assert not _vectorized_loops(sch.mod)
