@@ -32,11 +32,7 @@ from tvm import relax, tirx
 
 from ..fusion_pass import FusionPass
 from ..report import CHECK_FAILED
-from ..switches import GRAPH_FUSION, register_switch
-
-NAME = register_switch("StaticShapeCanonicalizePass", GRAPH_FUSION,
-                       "shape arithmetic on static tensors evaluated: dynamic slices/reshapes get static shapes "
-                       "(repairs models TVM cannot legalize)")
+from ..switches import STATIC_SHAPE as NAME
 
 # Larger values are left to FoldConstant after legalization: shape arithmetic is a handful of elements.
 MAX_ELEMENTS = 4096
