@@ -22,6 +22,7 @@ from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
 from .schedule.apply import ScheduleKernels, default_rules
+from .schedule.base import ScheduleRule
 from .switches import ATTENTION_PROJECTION, CHAINED_GEMM, COST_BASED_FUSION, resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
 
@@ -35,7 +36,9 @@ def traffic_baseline_phase(target, report, tvm_target):
 def graph_fusion_phase(target, switches, report):
     """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
     options = {MatMulSiblingMergeFusionPass: {"query_apart": _query_apart(switches)}}
-    passes = [relax.transform.DeadCodeElimination()]
+    # constants first: tables computed from constants (RoPE's cos/sin, masks built in the graph, scales
+    # computed with sqrt) are then constants the passes can read
+    passes = [relax.transform.DeadCodeElimination(), SafeFoldConstant()]
     passes += [cls(target, report, enabled=switches.is_on(cls.switch_name), **options.get(cls, {}))
                for cls in GRAPH_FUSION_PASSES]
     return passes + [SafeFoldConstant(), relax.transform.DeadCodeElimination()]
@@ -82,7 +85,7 @@ def schedule_phase(target, report, tvm_target, progress=None):
     return [ScheduleKernels(target, report, tvm_target, rules=rules)]
 
 
-class KernelProgress:
+class KernelProgress(ScheduleRule):
     """A schedule rule that only counts: every kernel is offered to it first; it ticks a progress bar
     (``progress.py``: shown on a terminal once scheduling takes more than two seconds) and declines."""
 
