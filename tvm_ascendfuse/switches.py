@@ -52,6 +52,7 @@ GEMM_ROW_LAYOUT = "GemmRowLayoutFusionPass"
 LAYOUT_CHAIN = "LayoutChainFusionPass"
 ATTENTION_SCALE = "AttentionScaleFusionPass"
 PACKED_QKV = "PackedQkvFusionPass"
+CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 # UB fusion: pattern families (patterns/)
 TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
 TBE_MATMUL_ELEMWISE = "TbeMatmulElemwiseFusionPass"
@@ -102,6 +103,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(PACKED_QKV, GRAPH_FUSION,
                "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
                "sibling merge then merges as it does separate projections"),
+    SwitchInfo(CONV1D_AS_CONV2D, GRAPH_FUSION,
+               "conv1d (NCW) and its per-channel epilogue (bias, activation) written as a height-1 conv2d, "
+               "so the conv patterns and the conv rule take it (Whisper's stem)"),
     SwitchInfo(TBE_CONV_ELEMWISE, UB_FUSION,
                "conv2d + bias/batch_norm + activation (+ residual add) as one kernel: the epilogue runs on the "
                "cube's output block in UB"),

@@ -14,6 +14,7 @@
    LayerNorm, ``d / sqrt(mean(d^2) + eps) * gamma``, is itself an RMSNorm of ``d``), then GELU, Swish,
    Softmax (disjoint patterns). They come before the split so that it moves single ops (silu, gelu) and
    not their decompositions (``x * sigmoid(x)`` uses the concat twice, which the split refuses).
+   ``Conv1dAsConv2dFusionPass`` after them: it carries a conv1d's activation (now one op) into 4-D with it.
 5. ``ConcatSplitFusionPass``: moves elementwise ops and inference BatchNorm from a concat onto its parts.
 6. ``ConvBatchnormFusionPass``: it folds every BN now sitting on a conv/matmul, including the ones
    the split just moved onto the parts of a concat (CSP blocks: ``concat(conv, conv) -> BN -> act``).
@@ -33,6 +34,7 @@ from .attention_op import ScaledDotProductAttentionFusionPass
 from .attention_scale import AttentionScaleFusionPass
 from .concat_split import ConcatSplitFusionPass
 from .conv_batchnorm import ConvBatchnormFusionPass
+from .conv1d import Conv1dAsConv2dFusionPass
 from .conv_bias_add import ConvBiasAddFusionPass
 from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
@@ -57,6 +59,7 @@ GRAPH_FUSION_PASSES: list = [
     RMSNormFusionPass,
     GeluFusionPass,
     SwishFusionPass,
+    Conv1dAsConv2dFusionPass,
     SoftmaxFusionPass,
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,
