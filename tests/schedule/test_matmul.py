@@ -294,3 +294,18 @@ def test_plain_transposed_a_is_still_inlined_not_staged():
     mod = check_rule(MatmulRule(), func, host=NATIVE)
     assert len([a for a in kernel_usage("k", mod["main"], get_target("ascend910b")).allocations
                 if a.scope == "local.UB"]) == 1
+
+
+@pytest.mark.parametrize("heads,seq,d", [(2, 37, 16), (6, 20, 64)])
+def test_head_split_producer_of_b_is_staged(heads, seq, d):
+    """P.V with V sliced from a packed Q|K|V projection and split into heads (Whisper's encoder): inlined,
+    B is indexed through the slice and the head split, which is no GEMM; the rule writes B's producer once
+    in front of the GEMM instead of giving the kernel up to the fallback. Exact vs the unscheduled kernel."""
+    def build(p, qkv):
+        v = op.strided_slice(qkv, axes=[2], begin=[2 * heads * d], end=[3 * heads * d])
+        return op.matmul(p, op.permute_dims(op.reshape(v, (1, seq, heads, d)), [0, 2, 1, 3]))
+
+    func = fused_kernel(build, [(1, heads, seq, seq), (1, seq, 3 * heads * d)])
+    for host in (HOST, NATIVE):
+        mod = check_rule(MatmulRule(), func, host=host)
+    assert "T.parallel" in mod.script()
