@@ -309,3 +309,22 @@ def test_head_split_producer_of_b_is_staged(heads, seq, d):
     for host in (HOST, NATIVE):
         mod = check_rule(MatmulRule(), func, host=host)
     assert "T.parallel" in mod.script()
+
+
+def test_gemm_output_returned_and_rotated_in_the_same_kernel():
+    """LLaMA's K|V projection: the GEMM result is a kernel output (V is read by another kernel) and its K
+    part is rotated (RoPE, rotate-half: reads the other half of each head) in the same kernel. The output
+    cannot move to UB; the rule stages the tile and copies it out instead of raising."""
+    s, kv, d = 24, 2, 8
+
+    def build(x, w, cos, sin):
+        mm = op.matmul(x, w)
+        k = op.permute_dims(op.reshape(op.strided_slice(mm, axes=[2], begin=[0], end=[kv * d]), (1, s, kv, d)),
+                            [0, 2, 1, 3])
+        rot = op.concat([op.negative(op.strided_slice(k, axes=[3], begin=[d // 2], end=[d])),
+                         op.strided_slice(k, axes=[3], begin=[0], end=[d // 2])], axis=3)
+        return relax.Tuple([mm, op.add(op.multiply(k, cos), op.multiply(rot, sin))])
+
+    func = fused_kernel(build, [(1, s, 32), (32, 2 * kv * d), (1, 1, s, d), (1, 1, s, d)])
+    for host in (HOST, NATIVE):
+        check_rule(MatmulRule(), func, host=host)

@@ -32,8 +32,8 @@ from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_product
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
-from .common import (as_target, extent, ok, parallel_vector, root_blocks, still_exists, tile_local,
-                     transitive_producers, try_, vector_width_for, vectorize_inner)
+from .common import (as_target, extent, is_output_block, ok, parallel_vector, root_blocks, still_exists,
+                     tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
@@ -235,10 +235,13 @@ class MatmulRule(ScheduleRule):
         else:
             sch.reorder(*outer, j0, i0, *kl, i1, j1, j2)
         epi = list(blocks[gi + 1:])
-        if epi or pad_m or pad_n:
+        if (epi or pad_m or pad_n) and not is_output_block(sch, mm):
             sch.set_scope(mm, 0, UB_SCOPE)                    # mr x nr accumulator tile
-        else:                                                 # the GEMM writes the output: stage it
-            epi = [sch.cache_write(mm, 0, UB_SCOPE)]
+        else:
+            # the GEMM writes a kernel output (alone, or also read by the epilogue: LLaMA's K|V projection
+            # is returned and its K part rotated in the same kernel): a parameter's scope cannot change, so
+            # the tile goes to UB and a copy writes it out
+            epi = [sch.cache_write(mm, 0, UB_SCOPE), *epi]
         a_lanes = hv.lanes(str(info.a_buf.ty.dtype))
         if a_ub is not None and blocks_per_panel:
             # A's layout-changing producer, computed once per group of register-block rows into a packed
