@@ -223,3 +223,50 @@ def test_gpt2_attention_block_leaves_no_fallback_kernel():
     off = assert_same_numbers(mod, switches={n: False for n in (
         "GemmRowLayoutFusionPass", "LayoutChainFusionPass", "PackedQkvFusionPass", "AttentionScaleFusionPass")})
     assert len(on.report.kernels) < len(off.report.kernels)
+
+
+# ---- whole pipeline: a LLaMA-style block (RoPE, GQA) reaches real rules ------------------------------------
+def llama_block(kv_heads, heads=4, seq=16, d=8):
+    """RMSNorm -> Q, K, V projections -> rotate-half RoPE on Q and K (cos/sin tables as constants, sin split
+    in halves as transformers exports it) -> K/V heads repeated by expand_dims/broadcast_to/reshape (GQA)
+    -> causal-masked attention -> output projection, residual."""
+    e, rep = heads * d, heads // kv_heads
+
+    def rope(bb, x, cos, sin_a, sin_b):
+        a = bb.emit(relax.op.strided_slice(x, axes=[3], begin=[d // 2], end=[d]))
+        b = bb.emit(relax.op.strided_slice(x, axes=[3], begin=[0], end=[d // 2]))
+        r = bb.emit(relax.op.concat([bb.emit(relax.op.multiply(bb.emit(relax.op.negative(a)), sin_a)),
+                                     bb.emit(relax.op.multiply(b, sin_b))], axis=3))
+        return bb.emit(relax.op.add(bb.emit(relax.op.multiply(x, cos)), r))
+
+    def heads_of(bb, y, n):
+        return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (1, seq, n, d))), [0, 2, 1, 3]))
+
+    def repeat(bb, y):
+        y = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(y, [2])), (1, kv_heads, rep, seq, d)))
+        return bb.emit(relax.op.reshape(y, (1, heads, seq, d)))
+
+    mask = np.triu(np.full((seq, seq), -1e9, "float32"), 1).reshape(1, 1, seq, seq)
+
+    def body(bb, x):
+        cos, sa, sb = C(1, 1, seq, d), C(1, 1, seq, d // 2), C(1, 1, seq, d // 2)
+        h = bb.emit(relax.op.nn.rms_norm(x, C(e), axes=[2]))
+        q = rope(bb, heads_of(bb, bb.emit(relax.op.matmul(h, C(e, e))), heads), cos, sa, sb)
+        k = repeat(bb, rope(bb, heads_of(bb, bb.emit(relax.op.matmul(h, C(e, kv_heads * d))), kv_heads), cos, sa, sb))
+        v = repeat(bb, heads_of(bb, bb.emit(relax.op.matmul(h, C(e, kv_heads * d))), kv_heads))
+        s = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
+        s = bb.emit(relax.op.add(bb.emit(relax.op.multiply(s, relax.const(d ** -0.5, "float32"))),
+                                 relax.const(mask)))
+        o = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(s, axis=-1)), v))
+        o = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(o, [0, 2, 1, 3])), (1, seq, e)))
+        return bb.emit(relax.op.add(x, bb.emit(relax.op.matmul(o, C(e, e)))))
+
+    return build(body, (1, seq, e))
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa"])
+def test_llama_block_rope_gqa_leaves_no_fallback_kernel(kv_heads):
+    result = assert_same_numbers(llama_block(kv_heads))
+    rules = result.report.to_dict()["schedules"]
+    assert "fallback" not in rules.values(), rules
+    assert not result.report.to_dict().get("rule_errors")
