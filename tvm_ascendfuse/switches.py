@@ -53,6 +53,7 @@ LAYOUT_CHAIN = "LayoutChainFusionPass"
 ATTENTION_SCALE = "AttentionScaleFusionPass"
 PACKED_QKV = "PackedQkvFusionPass"
 CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
+STATIC_SHAPE = "StaticShapeCanonicalizePass"
 # UB fusion: pattern families (patterns/)
 TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
 TBE_MATMUL_ELEMWISE = "TbeMatmulElemwiseFusionPass"
@@ -106,6 +107,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(CONV1D_AS_CONV2D, GRAPH_FUSION,
                "conv1d (NCW) and its per-channel epilogue (bias, activation) written as a height-1 conv2d, "
                "so the conv patterns and the conv rule take it (Whisper's stem)"),
+    SwitchInfo(STATIC_SHAPE, GRAPH_FUSION,
+               "shape arithmetic on static tensors evaluated: dynamic slices/reshapes get static shapes "
+               "(repairs models TVM cannot legalize)"),
     SwitchInfo(TBE_CONV_ELEMWISE, UB_FUSION,
                "conv2d + bias/batch_norm + activation (+ residual add) as one kernel: the epilogue runs on the "
                "cube's output block in UB"),
