@@ -37,7 +37,9 @@ def traffic_baseline_phase(target, report, tvm_target):
 def graph_fusion_phase(target, switches, report):
     """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
     options = {MatMulSiblingMergeFusionPass: {"query_apart": _query_apart(switches)}}
-    passes = [relax.transform.DeadCodeElimination()]
+    # constants first: tables computed from constants (RoPE's cos/sin, masks built in the graph, scales
+    # computed with sqrt) are then constants the passes can read
+    passes = [relax.transform.DeadCodeElimination(), SafeFoldConstant()]
     passes += [cls(target, report, enabled=switches.is_on(cls.switch_name), **options.get(cls, {}))
                for cls in GRAPH_FUSION_PASSES]
     return passes + [SafeFoldConstant(), relax.transform.DeadCodeElimination()]

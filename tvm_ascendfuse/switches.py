@@ -48,6 +48,11 @@ SOFTMAX = "SoftmaxFusionPass"
 SWISH = "SwishFusionPass"
 SDPA_ATTENTION = "ScaledDotProductAttentionFusionPass"
 TRANSPOSE_CHAIN = "TransposeChainFusionPass"
+GEMM_ROW_LAYOUT = "GemmRowLayoutFusionPass"
+LAYOUT_CHAIN = "LayoutChainFusionPass"
+ATTENTION_SCALE = "AttentionScaleFusionPass"
+PACKED_QKV = "PackedQkvFusionPass"
+CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
 # UB fusion: pattern families (patterns/)
 TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
@@ -87,6 +92,21 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "write one-op attention (PyTorch SDPA) as Q.K^T, scale, mask, softmax, .V so the attention "
                "kernels fuse it with its projections"),
     SwitchInfo(TRANSPOSE_CHAIN, GRAPH_FUSION, "collapse consecutive transposes (permute_dims) into one, or none"),
+    SwitchInfo(GEMM_ROW_LAYOUT, GRAPH_FUSION,
+               "reshapes/transposes of a GEMM's rows moved off it: flattened GEMMs (GPT-2 Conv1D, ONNX Gemm) "
+               "become batched, seq-first transposes (nn.MultiheadAttention) move into the head split/merge"),
+    SwitchInfo(LAYOUT_CHAIN, GRAPH_FUSION,
+               "any chain of layout ops (split, take, unsqueeze, squeeze, reshape, transpose) rewritten as the "
+               "shortest slice -> reshape -> transpose -> reshape with the same effect"),
+    SwitchInfo(ATTENTION_SCALE, GRAPH_FUSION,
+               "scalar scales on Q and/or K before Q.K^T moved onto the score, where the attention kernel "
+               "applies them"),
+    SwitchInfo(PACKED_QKV, GRAPH_FUSION,
+               "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
+               "sibling merge then merges as it does separate projections"),
+    SwitchInfo(CONV1D_AS_CONV2D, GRAPH_FUSION,
+               "conv1d (NCW) and its per-channel epilogue (bias, activation) written as a height-1 conv2d, "
+               "so the conv patterns and the conv rule take it (Whisper's stem)"),
     SwitchInfo(STATIC_SHAPE, GRAPH_FUSION,
                "shape arithmetic on static tensors evaluated: dynamic slices/reshapes get static shapes "
                "(repairs models TVM cannot legalize)"),

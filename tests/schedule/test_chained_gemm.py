@@ -2,6 +2,7 @@
 kernel, per row block; against the unscheduled kernel, and through the whole pipeline with constant weights."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -191,3 +192,23 @@ def test_pipeline_norm_prologue_within_capacity(rows, k, f):
     notes = [n for ns in result.report.sections["schedule_notes"].values() for n in ns]
     assert any("norm prologue" in n for n in notes), notes
     assert_scheduled_within_capacity(result, "ascend910b")
+
+
+@pytest.mark.parametrize("shapes_build", [ffn_ln(197, 16, 32), rms_swiglu(37, 16, 24), ffn_relu(53, 8, 16, 8)])
+def test_prime_row_count_gets_whole_row_blocks_with_a_partial_tail(shapes_build):
+    """A prime row count (ViT's 197 tokens) has no divisor near the row-block size: blocks of the size the
+    capacity allows with a predicated last block, not one-row blocks that re-stream the weights per row."""
+    shapes, build = shapes_build
+    _, note = check_rule(ChainedGemmRule(), fused_kernel(build, shapes), with_note=True)
+    rows = math.prod(shapes[0][:-1])
+    m = int(note.split("row block ")[1].split(" ")[0])
+    assert m > 1 and rows % m != 0, note
+
+
+def test_row_block_prefers_a_divisor_without_a_tail():
+    from tvm_ascendfuse.schedule.common import row_block
+
+    assert row_block(128, 60) == 32          # 32 >= 60 / 2: no tail
+    assert row_block(197, 98) == 98          # prime: a partial last block instead of 1-row blocks
+    assert row_block(12, 100) == 12
+    assert row_block(5, 0) == 1

@@ -294,3 +294,37 @@ def test_plain_transposed_a_is_still_inlined_not_staged():
     mod = check_rule(MatmulRule(), func, host=NATIVE)
     assert len([a for a in kernel_usage("k", mod["main"], get_target("ascend910b")).allocations
                 if a.scope == "local.UB"]) == 1
+
+
+@pytest.mark.parametrize("heads,seq,d", [(2, 37, 16), (6, 20, 64)])
+def test_head_split_producer_of_b_is_staged(heads, seq, d):
+    """P.V with V sliced from a packed Q|K|V projection and split into heads (Whisper's encoder): inlined,
+    B is indexed through the slice and the head split, which is no GEMM; the rule writes B's producer once
+    in front of the GEMM instead of giving the kernel up to the fallback. Exact vs the unscheduled kernel."""
+    def build(p, qkv):
+        v = op.strided_slice(qkv, axes=[2], begin=[2 * heads * d], end=[3 * heads * d])
+        return op.matmul(p, op.permute_dims(op.reshape(v, (1, seq, heads, d)), [0, 2, 1, 3]))
+
+    func = fused_kernel(build, [(1, heads, seq, seq), (1, seq, 3 * heads * d)])
+    for host in (HOST, NATIVE):
+        mod = check_rule(MatmulRule(), func, host=host)
+    assert "T.parallel" in mod.script()
+
+
+def test_gemm_output_returned_and_rotated_in_the_same_kernel():
+    """LLaMA's K|V projection: the GEMM result is a kernel output (V is read by another kernel) and its K
+    part is rotated (RoPE, rotate-half: reads the other half of each head) in the same kernel. The output
+    cannot move to UB; the rule stages the tile and copies it out instead of raising."""
+    s, kv, d = 24, 2, 8
+
+    def build(x, w, cos, sin):
+        mm = op.matmul(x, w)
+        k = op.permute_dims(op.reshape(op.strided_slice(mm, axes=[2], begin=[0], end=[kv * d]), (1, s, kv, d)),
+                            [0, 2, 1, 3])
+        rot = op.concat([op.negative(op.strided_slice(k, axes=[3], begin=[d // 2], end=[d])),
+                         op.strided_slice(k, axes=[3], begin=[0], end=[d // 2])], axis=3)
+        return relax.Tuple([mm, op.add(op.multiply(k, cos), op.multiply(rot, sin))])
+
+    func = fused_kernel(build, [(1, s, 32), (32, 2 * kv * d), (1, 1, s, d), (1, 1, s, d)])
+    for host in (HOST, NATIVE):
+        check_rule(MatmulRule(), func, host=host)

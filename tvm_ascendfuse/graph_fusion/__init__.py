@@ -17,24 +17,36 @@
    LayerNorm, ``d / sqrt(mean(d^2) + eps) * gamma``, is itself an RMSNorm of ``d``), then GELU, Swish,
    Softmax (disjoint patterns). They come before the split so that it moves single ops (silu, gelu) and
    not their decompositions (``x * sigmoid(x)`` uses the concat twice, which the split refuses).
+   ``Conv1dAsConv2dFusionPass`` after them: it carries a conv1d's activation (now one op) into 4-D with it.
 5. ``ConcatSplitFusionPass``: moves elementwise ops and inference BatchNorm from a concat onto its parts.
 6. ``ConvBatchnormFusionPass``: it folds every BN now sitting on a conv/matmul, including the ones
    the split just moved onto the parts of a concat (CSP blocks: ``concat(conv, conv) -> BN -> act``).
-7. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
+7. The transformer canonicalisations, in this order: ``GemmRowLayoutFusionPass`` moves reshapes/transposes
+   of GEMM rows off the GEMMs (they need the canonical ``matmul(x, W) + b`` of step 3), then
+   ``LayoutChainFusionPass`` rewrites every chain of layout ops, including the ones just moved, in the one
+   canonical form (slice -> reshape -> permute -> reshape); ``AttentionScaleFusionPass`` moves scales of Q/K
+   onto the score; ``PackedQkvFusionPass`` cuts a packed in-projection, now a GEMM read by slices, into one
+   GEMM per part.
+8. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
    (after the bias merge and any BN fold) and merges them into one matmul plus slices (Q/K/V).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
 
 from .attention_op import ScaledDotProductAttentionFusionPass
+from .attention_scale import AttentionScaleFusionPass
 from .concat_split import ConcatSplitFusionPass
 from .conv_batchnorm import ConvBatchnormFusionPass
+from .conv1d import Conv1dAsConv2dFusionPass
 from .conv_bias_add import ConvBiasAddFusionPass
 from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
+from .gemm_row_layout import GemmRowLayoutFusionPass
 from .layer_norm import LayerNormFusionPass
+from .layout_chain import LayoutChainFusionPass
 from .matmul_bias_add import MatMulBiasAddFusionPass
 from .matmul_sibling_merge import MatMulSiblingMergeFusionPass
+from .packed_qkv import PackedQkvFusionPass
 from .rms_norm import RMSNormFusionPass
 from .softmax import SoftmaxFusionPass
 from .static_shape import StaticShapeCanonicalizePass
@@ -52,9 +64,14 @@ GRAPH_FUSION_PASSES: list = [
     RMSNormFusionPass,
     GeluFusionPass,
     SwishFusionPass,
+    Conv1dAsConv2dFusionPass,
     SoftmaxFusionPass,
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,
+    GemmRowLayoutFusionPass,
+    LayoutChainFusionPass,
+    AttentionScaleFusionPass,
+    PackedQkvFusionPass,
     MatMulSiblingMergeFusionPass,
 ]
 

@@ -48,6 +48,7 @@ from .common import (
     num_cores,
     ok,
     root_blocks,
+    row_block,
     try_,
     vector_lanes,
     vector_width_for,
@@ -148,11 +149,12 @@ class ChainedGemmRule(ScheduleRule):
         if not check.fits:
             return None             # one row does not fit UB (the grouping pass refuses such a chain)
         cores = num_cores(host)
-        m = largest_divisor(rows, min(check.tile_elems, max(1, rows // max(1, cores))))
+        cap = min(check.tile_elems, max(1, rows // max(1, cores)))
         # the accumulator rows in L0C (the cube accumulates there across the panels) when they fit, else UB
         acc_scope = L0C_SCOPE if accumulator_in_l0c(n2, target) else UB_SCOPE
         if acc_scope == L0C_SCOPE:
-            m = largest_divisor(rows, min(m, target.capacity(L0C_SCOPE) // target.align_up(n2 * 4, "l0c")))
+            cap = min(cap, target.capacity(L0C_SCOPE) // target.align_up(n2 * 4, "l0c"))
+        m = row_block(rows, cap)
 
         # weights pre-packed into the column panels the register blocks walk
         v2 = vector_width_for(n2, lanes)
@@ -182,7 +184,7 @@ class ChainedGemmRule(ScheduleRule):
         for b in reversed([b for b in root_blocks(sch) if block_name(sch, b) not in keep]):
             sch.compute_at(b, rb, preserve_unit_loops=True)
         innermost_vector(sch, out, lanes)
-        if cores > 1 and rows // m > 1:
+        if cores > 1 and -(-rows // m) > 1:
             sch.parallel(rb)              # before any decompose_reduction (parallel needs whole reductions)
 
         # the second product walks the intermediate one column panel at a time (its reduction axis), the

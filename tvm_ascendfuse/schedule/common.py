@@ -226,6 +226,15 @@ def parallel_vector(sch: s_tir.Schedule, block, lanes: int) -> None:
     vectorize_inner(sch, block, lanes)
 
 
+def row_block(rows: int, cap: int) -> int:
+    """Rows per block of a row-blocked kernel: the largest divisor of ``rows`` not above ``cap`` when it is at
+    least half of ``cap`` (no tail), else ``cap`` itself (the last block is partial, its rows predicated).
+    A prime row count (ViT's 197 tokens) would otherwise get blocks of one row, each streaming the weights."""
+    cap = max(1, min(rows, cap))
+    d = largest_divisor(rows, cap)
+    return d if 2 * d >= cap else cap
+
+
 def largest_divisor(n: int, cap: int) -> int:
     """The largest divisor of ``n`` not above ``cap`` (1 when ``cap`` < 1)."""
     for d in range(min(n, cap), 0, -1):

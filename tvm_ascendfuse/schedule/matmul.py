@@ -32,8 +32,8 @@ from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_product
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
-from .common import (as_target, extent, ok, parallel_vector, root_blocks, still_exists, tile_local,
-                     transitive_producers, try_, vector_width_for, vectorize_inner)
+from .common import (as_target, extent, is_output_block, ok, parallel_vector, root_blocks, still_exists,
+                     tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
@@ -167,8 +167,19 @@ class MatmulRule(ScheduleRule):
         if a_stage is not None:
             pro = [b for b in pro if not sch.get(b).same_as(sch.get(a_stage))]
             a_name = sch.get(a_stage).name_hint
+        b_stage = _b_producer_to_stage(sch, pro, info) if a_stage is None else None
+        if b_stage is not None:
+            pro = [b for b in pro if not sch.get(b).same_as(sch.get(b_stage))]
+            b_name = sch.get(b_stage).name_hint
         schedule_prologue(sch, pro, hv, mm_name)      # inlines transposes/casts: roles may now be params
-        _, gi, info = find_gemm(sch)
+        found = find_gemm(sch)
+        if found is None:
+            return None
+        _, gi, info = found
+        if b_stage is not None:
+            # B's layout-changing producer (P.V with V cut from a packed projection and split into heads)
+            # written once, whole, in front of the GEMM; the GEMM then reads it with plain indices
+            parallel_vector(sch, sch.get_sblock(b_name), hv.lanes(str(info.b_buf.ty.dtype)))
         mm = info.block
         out_shape = info.c_buf.ty.shape       # before any padding: what a tile-local epilogue writes
         loops = sch.get_loops(mm)
@@ -224,10 +235,13 @@ class MatmulRule(ScheduleRule):
         else:
             sch.reorder(*outer, j0, i0, *kl, i1, j1, j2)
         epi = list(blocks[gi + 1:])
-        if epi or pad_m or pad_n:
+        if (epi or pad_m or pad_n) and not is_output_block(sch, mm):
             sch.set_scope(mm, 0, UB_SCOPE)                    # mr x nr accumulator tile
-        else:                                                 # the GEMM writes the output: stage it
-            epi = [sch.cache_write(mm, 0, UB_SCOPE)]
+        else:
+            # the GEMM writes a kernel output (alone, or also read by the epilogue: LLaMA's K|V projection
+            # is returned and its K part rotated in the same kernel): a parameter's scope cannot change, so
+            # the tile goes to UB and a copy writes it out
+            epi = [sch.cache_write(mm, 0, UB_SCOPE), *epi]
         a_lanes = hv.lanes(str(info.a_buf.ty.dtype))
         if a_ub is not None and blocks_per_panel:
             # A's layout-changing producer, computed once per group of register-block rows into a packed
@@ -299,6 +313,23 @@ def _a_producer_to_stage(sch, pro, info: GemmBlock):
     except s_tir.ScheduleError:
         return a_blk            # the prologue does not even schedule on its own: stage A's producer
     return None if find_gemm(probe) is not None else a_blk
+
+
+def _b_producer_to_stage(sch, pro, info: GemmBlock):
+    """The block writing B when inlining B's injective producers would leave the GEMM without plain B
+    indices (V of P.V sliced from a packed projection, reshaped and transposed into heads), else None.
+    Decided on a scratch schedule, as ``_a_producer_to_stage``."""
+    b_blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(info.b_buf)), None)
+    if b_blk is None or any(has_reduce(sch, p) for p in [b_blk, *transitive_producers(sch, b_blk)]):
+        return None
+    probe = s_tir.Schedule(sch.mod)
+    names = {sch.get(b).name_hint for b in pro}
+    probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
+    try:
+        schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), sch.get(info.block).name_hint)
+    except s_tir.ScheduleError:
+        return b_blk
+    return None if find_gemm(probe) is not None else b_blk
 
 
 def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarget) -> int:
