@@ -87,6 +87,7 @@ class KernelProgress:
     (``progress.py``: shown on a terminal once scheduling takes more than two seconds) and declines."""
 
     name = "progress"
+    min_products = 0    # offered every kernel (the schedule phase skips rules by this count)
 
     def __init__(self):
         self.bar = None
