@@ -118,14 +118,15 @@ def capture_calls(executable, x, plan: dict[str, dict]) -> list[dict]:
 def call_plan(mod: tvm.IRModule) -> dict[str, dict]:
     """Per kernel, per call of it in ``main`` (binding order = the VM's call order): the number of tensor
     inputs and which of them are constants (weights, folded constants)."""
-    from tvm_ascendfuse.analysis.kernels import _CALL_TIR, _calls
+    from tvm_ascendfuse.analysis.kernels import _calls
+    from tvm_ascendfuse.ir import is_call_tir
 
     plan: dict[str, dict] = {}
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
             continue
         for c in _calls(func.body):
-            if isinstance(c.op, tvm.ir.Op) and c.op.same_as(_CALL_TIR):
+            if is_call_tir(c):
                 args = c.args[1].fields if isinstance(c.args[1], relax.Tuple) else [c.args[1]]
                 p = plan.setdefault(c.args[0].name_hint, {"n_inputs": [], "const": []})
                 p["n_inputs"].append(len(args))

@@ -98,6 +98,9 @@ class KernelProgress:
         self.bar.update()
         return None
 
+    def apply_with_note(self, func, target, host):
+        return self.apply(func, target, host)
+
     def close(self):
         if self.bar is not None:
             self.bar.close()

@@ -17,13 +17,19 @@
 5. ``ConcatSplitFusionPass``: moves elementwise ops and inference BatchNorm from a concat onto its parts.
 6. ``ConvBatchnormFusionPass``: it folds every BN now sitting on a conv/matmul, including the ones
    the split just moved onto the parts of a concat (CSP blocks: ``concat(conv, conv) -> BN -> act``).
-7. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
+   ``ConcatIdentityFusionPass`` just before it drops one-input concats (DenseNet), so the split and the
+   fold see the tensor itself.
+7. ``BatchnormScaleFusionPass``: every BN left (not behind a conv/matmul: pre-activation BN) becomes a
+   per-channel multiply-add the grouping can fuse into the next conv's input prologue.
+8. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
    (after the bias merge and any BN fold) and merges them into one matmul plus slices (Q/K/V).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
 
 from .attention_op import ScaledDotProductAttentionFusionPass
+from .batchnorm_scale import BatchnormScaleFusionPass
+from .concat_identity import ConcatIdentityFusionPass
 from .concat_split import ConcatSplitFusionPass
 from .conv_batchnorm import ConvBatchnormFusionPass
 from .conv_bias_add import ConvBiasAddFusionPass
@@ -48,8 +54,10 @@ GRAPH_FUSION_PASSES: list = [
     GeluFusionPass,
     SwishFusionPass,
     SoftmaxFusionPass,
+    ConcatIdentityFusionPass,
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,
+    BatchnormScaleFusionPass,
     MatMulSiblingMergeFusionPass,
 ]
 
