@@ -12,6 +12,7 @@ from tvm import relax, s_tir, tirx
 
 import tvm_ascendfuse as af
 import tvm_ascendfuse.schedule.apply as schedule_apply
+from tvm_ascendfuse.schedule.base import ScheduleRule
 from tvm_ascendfuse.cli import main
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.schedule.attention_projection import AttentionProjectionRule
@@ -55,7 +56,7 @@ def _perturbed(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, (tirx.BufferStore, store))
 
 
-class SabotageRule:
+class SabotageRule(ScheduleRule):
     """Schedules the attention + projection kernel as its rule does, then perturbs its output."""
 
     name = "sabotage"

@@ -6,8 +6,14 @@ library + report.
     ascendfuse patterns            list switchable passes and pattern names
     ascendfuse report FILE [--html [-o PAGE]]   print the summary of a fusion_result.json (or write its page)
     ascendfuse workload NAME -o F  write one of the built-in example models as ONNX
-    ascendfuse tune MODEL.onnx [--target T] --trials N [--kernels NAME,...] -o DIR
-                                   tune the kernels' tile choices (MetaSchedule); DIR/<target>/ holds the records
+    ascendfuse tune MODEL.onnx [--target T] [--trials N] [--budget 30m] [--kernels NAME,...] [-o DIR]
+                                   [--fusion-switch FILE] [--rpc-tracker HOST:PORT --rpc-key KEY]
+                                   [--work-dir W] [--portable] [--quiet]
+                                   tune every tunable kernel's tiles (MetaSchedule); DIR/<target>/<cpu>/ holds
+                                   the records; a rerun resumes from the work dir
+    ascendfuse rpc tracker [--host 127.0.0.1] [--port 9190]
+    ascendfuse rpc server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090]
+                                   TVM's RPC tracker / server (measure candidates on other hosts or boards)
 
 Errors a user can fix print as one line and exit with code 2; ``--verify`` finding a mismatch exits with 1.
 """
@@ -220,19 +226,49 @@ def cmd_workload(args) -> int:
 
 def cmd_tune(args) -> int:
     from .progress import quiet
-    from .tune import check_trials, tune_model
+    from .tune import RPCSpec, check_trials, parse_address, parse_duration, tune_model
+    from .tune.rpc import check_key
 
     if args.quiet:
         quiet(True)
-    check_trials(args.trials)
+    if args.trials is not None:
+        check_trials(args.trials)
+    if args.trials is None and args.budget is None:
+        raise AscendFuseError("give --trials N (candidates per kernel), --budget DURATION, or both")
+    budget = parse_duration(args.budget) if args.budget is not None else None
+    rpc = None
+    if args.rpc_tracker or args.rpc_key:
+        if not (args.rpc_tracker and args.rpc_key):
+            raise AscendFuseError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
+        host, port = parse_address(args.rpc_tracker)
+        rpc = RPCSpec(host, port, check_key(args.rpc_key))
+    switches = None
+    if args.fusion_switch:
+        from .switches import FusionSwitches
+
+        switches = FusionSwitches.from_file(args.fusion_switch)
     model = Path(args.model)
     _check_writable(Path(args.output))
     names = [n.strip() for n in args.kernels.split(",") if n.strip()] if args.kernels else None
     summary = tune_model(model, target=args.target, trials=args.trials, output=args.output, kernels=names,
-                         portable=args.portable, log=print)
+                         switches=switches, portable=args.portable, budget=budget, rpc=rpc,
+                         work_dir=args.work_dir, quiet=args.quiet)
     print(summary.table())
     print(f"\nwrote {summary.database}; compile with ASCENDFUSE_SCHEDULES={args.output} to use it")
     return 0
+
+
+def cmd_rpc(args) -> int:
+    from .tune import parse_address
+    from .tune.rpc import serve, start_server, start_tracker
+
+    if args.role == "tracker":
+        tracker = start_tracker(args.host, args.port, silent=not args.verbose)
+        return serve(tracker, f"RPC tracker listening on {args.host}:{tracker.port}")
+    tracker_addr = parse_address(args.tracker, "--tracker")
+    server = start_server(tracker_addr, args.key, args.host, args.port, silent=not args.verbose)
+    return serve(server, f"RPC server listening on {args.host}:{server.port}, key {args.key}, tracker "
+                         f"{tracker_addr[0]}:{tracker_addr[1]}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,12 +302,33 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="search the kernels' tile choices with MetaSchedule, write a schedule database")
     t.add_argument("model", help="ONNX model file")
     t.add_argument("--target", default="ascend910b", help="preset (ascend910b, ascend310p) or .json/.toml file")
-    t.add_argument("--trials", type=int, required=True, help="measured candidates per kernel")
+    t.add_argument("--trials", type=int, help="measured candidates per kernel (default with --budget: each "
+                   "candidate of a kernel's space once)")
+    t.add_argument("--budget", help="wall time for the whole run, e.g. 30m, 2h, 1h30m; spent on the kernels in "
+                   "proportion to their share of the model's run time")
     t.add_argument("--kernels", help="comma-separated kernel names (default: every tunable kernel)")
-    t.add_argument("-o", "--output", default="schedules", help="database folder (records go to OUTPUT/<target>/)")
+    t.add_argument("--fusion-switch", help="CANN fusion switch file, as for compile (the kernels depend on it)")
+    t.add_argument("-o", "--output", default="schedules",
+                   help="database folder (records go to OUTPUT/<target>/<cpu>/)")
+    t.add_argument("--work-dir", help="resumable state (default OUTPUT/<target>/<cpu>/work)")
     t.add_argument("--portable", action="store_true", help="tune generic x86-64 code (as compile --portable)")
-    t.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    t.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on the servers of this RPC tracker")
+    t.add_argument("--rpc-key", metavar="KEY", help="the key the RPC servers registered under")
+    t.add_argument("-q", "--quiet", action="store_true", help="no progress bar or progress messages")
     t.set_defaults(func=cmd_tune)
+    rpc = sub.add_parser("rpc", help="run TVM's RPC tracker or a server (bound to 127.0.0.1 by default)")
+    roles = rpc.add_subparsers(dest="role", required=True)
+    rt = roles.add_parser("tracker", help="an RPC tracker: servers register with it, tune asks it for them")
+    rt.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    rt.add_argument("--port", type=int, default=9190, help="first port to try (default 9190)")
+    rs = roles.add_parser("server", help="an RPC server that measures candidates; registers with a tracker")
+    rs.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the tracker to register with")
+    rs.add_argument("--key", required=True, help="the key tune's --rpc-key names (one per kind of board)")
+    rs.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    rs.add_argument("--port", type=int, default=9090, help="first port to try (default 9090)")
+    for role in (rt, rs):
+        role.add_argument("--verbose", action="store_true", help="TVM's connection log")
+    rpc.set_defaults(func=cmd_rpc)
     return p
 
 

@@ -21,7 +21,7 @@ from .passbase import PyPass
 from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
-from .schedule.apply import ScheduleKernels, default_rules
+from .schedule.apply import ScheduleKernels
 from .switches import ATTENTION_PROJECTION, CHAINED_GEMM, COST_BASED_FUSION, resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
 
@@ -74,36 +74,10 @@ def ub_fusion_phase(target, switches, report, tvm_target):
     ]
 
 
-def schedule_phase(target, report, tvm_target, progress=None):
+def schedule_phase(target, report, tvm_target):
     """Phase 3: one UB-tiled schedule per kernel (first accepting rule per kind); constant weights that a
-    rule re-lays out are packed once at compile time. ``progress`` (a ``KernelProgress``) goes first in the
-    rule list: it counts the kernels on a progress bar and declines each one."""
-    rules = None if progress is None else [progress, *default_rules(target)]
-    return [ScheduleKernels(target, report, tvm_target, rules=rules)]
-
-
-class KernelProgress:
-    """A schedule rule that only counts: every kernel is offered to it first; it ticks a progress bar
-    (``progress.py``: shown on a terminal once scheduling takes more than two seconds) and declines."""
-
-    name = "progress"
-    min_products = 0    # offered every kernel (the schedule phase skips rules by this count)
-
-    def __init__(self):
-        self.bar = None
-
-    def apply(self, func, target, host):
-        if self.bar is None:
-            self.bar = bar(desc="scheduling", unit="kernel", delay=2.0)
-        self.bar.update()
-        return None
-
-    def apply_with_note(self, func, target, host):
-        return self.apply(func, target, host)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
+    rule re-lays out are packed once at compile time."""
+    return [ScheduleKernels(target, report, tvm_target)]
 
 
 def verification_phase(target, report):
@@ -147,7 +121,6 @@ class AscendFusePipeline(PyPass):
         self.traffic_baseline = traffic_baseline
         self.report = report if report is not None else FusionReport()
         self.snapshots: dict[str, tvm.IRModule] = {}   # module after each phase, for reports and debugging
-        self._progress = None
 
     def pass_name(self) -> str:
         return "AscendFusePipeline"
@@ -171,7 +144,7 @@ class AscendFusePipeline(PyPass):
         return baseline + [
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
             ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target)),
-            ("schedule", schedule_phase(target, r, tvm_target, self._progress)),
+            ("schedule", schedule_phase(target, r, tvm_target)),
             ("verify", verification_phase(target, r)),
             ("lowering", lowering_phase(tvm_target)),
         ]
@@ -181,17 +154,13 @@ class AscendFusePipeline(PyPass):
         record_before(self.report, mod)
         self.report.sections["target_capacity"] = {"ub_usable_bytes": target.ub_usable,
                                                    "l1_bytes": target.l1_bytes, "l0c_bytes": target.l0c_bytes}
-        self._progress = KernelProgress()
         phases = self.phases(target, switches, tvm_target)
-        try:
-            with tvm_target, bar(total=len(phases), desc="compile", unit="phase", delay=2.0) as shown:
-                for name, passes in phases:
-                    shown.set_postfix_str(name)
-                    mod = tvm.transform.Sequential(passes)(mod)
-                    self.snapshots[name] = mod
-                    shown.update()
-        finally:
-            self._progress.close()
+        with tvm_target, bar(total=len(phases), desc="compile", unit="phase", delay=2.0) as shown:
+            for name, passes in phases:
+                shown.set_postfix_str(name)
+                mod = tvm.transform.Sequential(passes)(mod)
+                self.snapshots[name] = mod
+                shown.update()
         return mod
 
 

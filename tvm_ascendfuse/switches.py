@@ -130,10 +130,25 @@ SWITCHES: tuple[SwitchInfo, ...] = (
 )
 
 _BY_NAME: dict[str, SwitchInfo] = {s.name: s for s in SWITCHES}
+_USER: dict[str, SwitchInfo] = {}    # switches of patterns and passes a user adds (``register_switch``)
 
 
 def known_switches() -> dict[str, SwitchInfo]:
-    return dict(_BY_NAME)
+    return {**_BY_NAME, **_USER}
+
+
+def register_switch(name: str, category: str, description: str = "", default_on: bool = True) -> str:
+    """Declare the switch of a pattern or pass written outside this package (the built-in ones are the table
+    above), so switch files and ``PassContext(disabled_pass=...)`` accept its name; returns the name.
+    Declaring the same switch again is harmless; a name that is already taken otherwise is an error."""
+    if category not in CATEGORIES:
+        raise SwitchError(f"switch category {category!r} is not one of {', '.join(CATEGORIES)}")
+    info = SwitchInfo(name, category, description, default_on)
+    known = known_switches().get(name)
+    if known is not None and (name in _BY_NAME or (known.category, known.default_on) != (category, default_on)):
+        raise SwitchError(f"switch {name!r} is already declared ({known.category}: {known.description})")
+    _USER[name] = info
+    return name
 
 
 def _parse_value(name: str, value) -> bool:
