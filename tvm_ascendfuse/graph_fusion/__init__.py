@@ -21,7 +21,9 @@
    fold see the tensor itself.
 7. ``BatchnormScaleFusionPass``: every BN left (not behind a conv/matmul: pre-activation BN) becomes a
    per-channel multiply-add the grouping can fuse into the next conv's input prologue.
-8. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
+8. ``ConvSiblingMergeFusionPass``: convs of one input (Inception's 1x1 branches) with folded weights and
+   canonical biases become one conv and channel slices.
+9. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
    (after the bias merge and any BN fold) and merges them into one matmul plus slices (Q/K/V).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
@@ -33,6 +35,7 @@ from .concat_identity import ConcatIdentityFusionPass
 from .concat_split import ConcatSplitFusionPass
 from .conv_batchnorm import ConvBatchnormFusionPass
 from .conv_bias_add import ConvBiasAddFusionPass
+from .conv_sibling_merge import ConvSiblingMergeFusionPass
 from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
 from .layer_norm import LayerNormFusionPass
@@ -58,6 +61,7 @@ GRAPH_FUSION_PASSES: list = [
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,
     BatchnormScaleFusionPass,
+    ConvSiblingMergeFusionPass,
     MatMulSiblingMergeFusionPass,
 ]
 
