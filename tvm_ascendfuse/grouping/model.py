@@ -246,6 +246,14 @@ class FusionModel:
                 and nodes[m].pattern in (REDUCE, OUT_EWISE)]
         if len(reds) > self.cfg.max_reductions:
             return f"more than {self.cfg.max_reductions} reductions"
+        windowed = [m for m in reds if not nodes[m].row_norm]
+        if len(windowed) > 1:
+            # a pool of a pool (GoogLeNet's stage max-pool feeding the next block's 3x3/1 pool branch): each
+            # window reads a halo of the other's output, so no tile of one is the input of a tile of the
+            # other; the pool rule takes one pool per kernel
+            wset = set(windowed)
+            if any(reachable(nodes, [m], mset, "users") & wset for m in windowed):
+                return "a spatial reduction (pool) feeds another in the group"
         if cubes and reds:
             after_cube = reachable(nodes, cubes, mset, "users")
             limit = self.target.l0c_bytes // (self.target.cube_m * 4)
