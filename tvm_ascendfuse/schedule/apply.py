@@ -25,9 +25,11 @@ from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
 from .common import host_of
 from .conv import Conv2dRule
+from .depthwise_conv import DepthwiseConv2dRule
 from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
 from .fast_math import use_fast_math
+from .grouped_conv import GroupedConv2dRule
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
@@ -39,8 +41,9 @@ from .tuned import tuned_rules
 # Most specific first. Squeeze-excite (a spatial sum then two small products) before everything that takes
 # products. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (SqueezeExciteRule, AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule,
-                 PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+DEFAULT_RULES = (SqueezeExciteRule, AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule,
+                 Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule, GemmNormRule, ReductionRule,
+                 ElementwiseRule, FallbackRule)
 
 
 def default_rules(target: AscendTarget, host=None) -> list:
