@@ -31,7 +31,8 @@ def test_counts_for_resnet_basic_block(block, tmp_path):
 
 
 def test_switched_off_records_each_match(block):
-    result = compile_ours(block, switches={"ConvBatchnormFusionPass": "off", "TbeConvElemwiseFusionPass": "off"})
+    result = compile_ours(block, switches={"ConvBatchnormFusionPass": "off", "BatchnormScaleFusionPass": "off",
+                                           "TbeConvElemwiseFusionPass": "off"})
     rec = result.report.get("ConvBatchnormFusionPass")
     assert (rec.match_times, rec.effect_times) == (2, 0)
     assert [e["reason"] for e in rec.not_effective] == ["switched_off", "switched_off"]

@@ -35,7 +35,10 @@ class SwitchInfo:
 # knowing the switches never needs importing the passes, and no pass imports another layer for a name.
 
 # graph fusion (graph_fusion/, one pass a file)
+BATCHNORM_SCALE = "BatchnormScaleFusionPass"
+CONCAT_IDENTITY = "ConcatIdentityFusionPass"
 CONCAT_SPLIT = "ConcatSplitFusionPass"
+CONV_SIBLING_MERGE = "ConvSiblingMergeFusionPass"
 CONV_BATCHNORM = "ConvBatchnormFusionPass"
 CONV_BIAS_ADD = "ConvBiasAddFusionPass"
 FOCUS_CONV = "FocusConvFusionPass"
@@ -65,18 +68,26 @@ TBE_SOFTMAX = "TbeSoftmaxFusionPass"
 TBE_ATTENTION = "TbeAttentionFusionPass"
 TBE_SWIGLU = "TbeSwiGluFusionPass"
 TBE_ELTWISE = "TbeEltwiseFusionPass"
+TBE_SQUEEZE_EXCITE = "TbeSqueezeExciteFusionPass"
 # UB fusion: the cost-based grouping (grouping/) and what it may put into one kernel
 CHAINED_GEMM = "ChainedGemmFusionPass"
 ATTENTION_PROJECTION = "AttentionProjectionFusionPass"
 COST_BASED_FUSION = "CostBasedFusionPass"
 
 SWITCHES: tuple[SwitchInfo, ...] = (
+    SwitchInfo(BATCHNORM_SCALE, GRAPH_FUSION,
+               "inference BatchNorm no conv/matmul absorbs -> x * scale + shift (per-channel constants), so it "
+               "fuses into the next conv's input prologue"),
+    SwitchInfo(CONCAT_IDENTITY, GRAPH_FUSION, "a concat of one tensor is that tensor"),
     SwitchInfo(CONCAT_SPLIT, GRAPH_FUSION,
                "split elementwise ops over concat inputs so each part fuses with its producer"),
     SwitchInfo(CONV_BATCHNORM, GRAPH_FUSION,
                "fold inference BatchNorm into the preceding conv2d/matmul weights and bias"),
     SwitchInfo(CONV_BIAS_ADD, GRAPH_FUSION,
                "merge constant per-channel adds after conv2d into one (1,C,1,1) bias add"),
+    SwitchInfo(CONV_SIBLING_MERGE, GRAPH_FUSION,
+               "convs sharing one input with constant weights and the same window -> one conv over "
+               "concatenated output channels (+ bias, activation) and per-part channel slices"),
     SwitchInfo(FOCUS_CONV, GRAPH_FUSION, "YOLOv5 Focus (4 strided slices + concat + conv) -> one stride-2 conv"),
     SwitchInfo(GELU, GRAPH_FUSION, "recognise the erf and tanh forms of GELU as gelu / gelu_tanh"),
     SwitchInfo(LAYER_NORM, GRAPH_FUSION, "recognise mean/sub/pow/mean/add/sqrt/div(*gamma+beta) as layer_norm"),
@@ -130,6 +141,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "matmul(Q, K^T) * scale + mask -> softmax -> matmul(., V) as one kernel (score rows stay in UB)"),
     SwitchInfo(TBE_SWIGLU, UB_FUSION, "silu(gate) * up, optionally with the gate/up matmuls, as one kernel"),
     SwitchInfo(TBE_ELTWISE, UB_FUSION, "two or more elementwise ops in a row as one kernel"),
+    SwitchInfo(TBE_SQUEEZE_EXCITE, UB_FUSION,
+               "squeeze-and-excitation: global average pool -> 1x1 FC -> activation -> 1x1 FC -> sigmoid / "
+               "hardsigmoid as one kernel (the channel-wise multiply goes into the next conv's input)"),
     SwitchInfo(CHAINED_GEMM, UB_FUSION,
                "cost-based grouping may chain two GEMMs (FFN up->down projection) in one kernel, per row block"),
     SwitchInfo(ATTENTION_PROJECTION, UB_FUSION,

@@ -7,7 +7,7 @@ from tvm_ascendfuse.switches import UB_FUSION, known_switches
 
 SWITCHES = {"TbeConvElemwiseFusionPass", "TbeMatmulElemwiseFusionPass", "TbeLayerNormMatmulFusionPass",
             "TbeAddLayerNormFusionPass", "TbeAddRmsNormFusionPass", "TbeSoftmaxFusionPass",
-            "TbeAttentionFusionPass", "TbeSwiGluFusionPass", "TbeEltwiseFusionPass"}
+            "TbeAttentionFusionPass", "TbeSwiGluFusionPass", "TbeEltwiseFusionPass", "TbeSqueezeExciteFusionPass"}
 
 
 def test_every_pattern_is_published_to_tvm():
@@ -23,7 +23,7 @@ def test_names_switches_and_working_sets():
     for spec in patterns.pattern_table():
         fam = spec.name.split(".")[1]
         assert spec.name.startswith("ascendfuse.") and fam in {
-            "conv2d", "matmul", "norm", "softmax", "attention", "swiglu", "elementwise"}, spec.name
+            "conv2d", "matmul", "norm", "softmax", "attention", "swiglu", "elementwise", "squeeze_excite"}, spec.name
         assert known[spec.switch].category == UB_FUSION
         assert spec.working_set is not None and spec.checks, spec.name
     assert SWITCHES <= {s.switch for s in patterns.pattern_table()}

@@ -21,13 +21,19 @@
 5. ``ConcatSplitFusionPass``: moves elementwise ops and inference BatchNorm from a concat onto its parts.
 6. ``ConvBatchnormFusionPass``: it folds every BN now sitting on a conv/matmul, including the ones
    the split just moved onto the parts of a concat (CSP blocks: ``concat(conv, conv) -> BN -> act``).
-7. The transformer canonicalisations, in this order: ``GemmRowLayoutFusionPass`` moves reshapes/transposes
+   ``ConcatIdentityFusionPass`` just before it drops one-input concats (DenseNet), so the split and the
+   fold see the tensor itself.
+7. ``BatchnormScaleFusionPass``: every BN left (not behind a conv/matmul: pre-activation BN) becomes a
+   per-channel multiply-add the grouping can fuse into the next conv's input prologue.
+8. ``ConvSiblingMergeFusionPass``: convs of one input (Inception's 1x1 branches) with folded weights and
+   canonical biases become one conv and channel slices.
+9. The transformer canonicalisations, in this order: ``GemmRowLayoutFusionPass`` moves reshapes/transposes
    of GEMM rows off the GEMMs (they need the canonical ``matmul(x, W) + b`` of step 3), then
    ``LayoutChainFusionPass`` rewrites every chain of layout ops, including the ones just moved, in the one
    canonical form (slice -> reshape -> permute -> reshape); ``AttentionScaleFusionPass`` moves scales of Q/K
    onto the score; ``PackedQkvFusionPass`` cuts a packed in-projection, now a GEMM read by slices, into one
    GEMM per part.
-8. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
+10. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
    (after the bias merge and any BN fold) and merges them into one matmul plus slices (Q/K/V).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
@@ -35,10 +41,13 @@ The pipeline runs FoldConstant and DeadCodeElimination after the list.
 
 from .attention_op import ScaledDotProductAttentionFusionPass
 from .attention_scale import AttentionScaleFusionPass
+from .batchnorm_scale import BatchnormScaleFusionPass
+from .concat_identity import ConcatIdentityFusionPass
 from .concat_split import ConcatSplitFusionPass
 from .conv_batchnorm import ConvBatchnormFusionPass
 from .conv1d import Conv1dAsConv2dFusionPass
 from .conv_bias_add import ConvBiasAddFusionPass
+from .conv_sibling_merge import ConvSiblingMergeFusionPass
 from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
 from .gemm_row_layout import GemmRowLayoutFusionPass
@@ -66,8 +75,11 @@ GRAPH_FUSION_PASSES: list = [
     SwishFusionPass,
     Conv1dAsConv2dFusionPass,
     SoftmaxFusionPass,
+    ConcatIdentityFusionPass,
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,
+    BatchnormScaleFusionPass,
+    ConvSiblingMergeFusionPass,
     GemmRowLayoutFusionPass,
     LayoutChainFusionPass,
     AttentionScaleFusionPass,

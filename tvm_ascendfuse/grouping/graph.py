@@ -21,6 +21,7 @@ from ..analysis.traffic import ASSUMED_SYMBOLIC_DIM, KernelTraffic, count_primfu
 from ..ir import dtype_bytes, is_call_tir
 from ..target import AscendTarget
 from .chain import reduces_last_axis, row_operand_positions
+from .conv_prologue import conv_data_position, is_concat
 from .cost import pad_ratio
 
 # TVM's op pattern kinds (``op_pattern`` of a legalized PrimFunc)
@@ -46,6 +47,8 @@ class Node:
     cube: bool = False
     row: int = 0                                       # reduction row (elements) of a vector reduction
     row_operand: tuple = ()                            # arg positions a cube op reads as A[.., i, k]
+    conv_data: int | None = None                       # arg position of a plain conv2d's data operand
+    concat: bool = False                               # a concatenate
     row_norm: bool = False                             # a vector reduction over the last axis only (norm)
     locked: int | None = None                          # index of the pattern group it came from
     binding: object | None = None                      # the block binding it stands for (None: inside a pattern)
@@ -188,7 +191,14 @@ class _Builder:
             if ("rowop", key) not in cache:
                 cache[("rowop", key)] = row_operand_positions(prim)
             n.row_operand = cache[("rowop", key)]
+            if ("convdata", key) not in cache:
+                cache[("convdata", key)] = conv_data_position(prim)
+            n.conv_data = cache[("convdata", key)]
         n.row = n.traffic.reduce_row_elems if not n.cube else 0
+        if n.pattern == INJECTIVE:
+            if ("concat", key) not in cache:
+                cache[("concat", key)] = is_concat(prim)
+            n.concat = cache[("concat", key)]
         if n.row and n.pattern in (REDUCE, OUT_EWISE):
             if ("lastaxis", key) not in cache:
                 cache[("lastaxis", key)] = reduces_last_axis(prim)

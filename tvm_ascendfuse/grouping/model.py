@@ -15,8 +15,13 @@ from ..target import AscendTarget
 from .attention_chain import AttentionChain, find_attention_chain
 from ..tiling import TileBuffer, l0_check, ub_check
 from .chain import Chain, find_chain, reachable
+from .conv_prologue import prologue_op
 from .cost import GroupCost, GroupingConfig, tiles_for
 from .graph import INJECTIVE, OUT_EWISE, REDUCE, BlockGraph, tensor_dtype_bytes, tensor_elems
+
+
+# Pattern families whose kernels take nothing but layout ops besides the pattern (see closed_pattern).
+CLOSED_PATTERNS = ("ascendfuse.squeeze_excite.",)
 
 
 class FusionModel:
@@ -179,15 +184,47 @@ class FusionModel:
             d[m] = 1 + max((d[p] for p in self.nodes[m].producers if p in mset and p in d), default=0)
         return max(d.values(), default=0)
 
+    def conv_input_path(self, c: int, mset: set) -> set:
+        """Members that feed conv ``c``'s data operand (transitively, inside ``mset``); empty when ``c`` is not
+        a plain conv2d (``conv_prologue.conv_data_position``)."""
+        n = self.nodes[c]
+        if n.conv_data is None or n.conv_data >= len(n.args):
+            return set()
+        start = self.producer_of(n.args[n.conv_data])
+        path, stack = set(), [start] if start is not None and start in mset else []
+        while stack:
+            p = stack.pop()
+            if p in path:
+                continue
+            path.add(p)
+            stack.extend(q for q in self.nodes[p].producers if q in mset)
+        return path
+
+    def closed_pattern(self, members: list[int]) -> str | None:
+        """Pattern groups whose kernel rule schedules exactly the pattern take nothing but layout ops:
+        squeeze-excite (``schedule/squeeze_excite.py``; its channel-wise multiply belongs in the next conv's
+        input prologue)."""
+        nodes = self.nodes
+        pids = {nodes[m].locked for m in members if nodes[m].locked is not None}
+        for pid in pids:
+            if self.graph.patterns[pid].name.startswith(CLOSED_PATTERNS) and any(
+                    nodes[m].locked != pid and nodes[m].pattern != INJECTIVE for m in members):
+                return f"{self.graph.patterns[pid].name} takes only layout ops besides its pattern"
+        return None
+
     def structure(self, members: list[int]) -> str | None:
         """None if the NPU can run these ops as one kernel, else what breaks it.
 
         A pattern group's own structure is taken as given (its checks already passed); the rules apply to
         what is added to it: one cube kernel per group; only layout (injective) ops in front of a cube
-        operand (the DMA into L1 does them); a reduction behind a cube op only when a row block of the
+        operand (the DMA into L1 does them), and in front of a plain conv's data operand also per-channel
+        elementwise ops (its input prologue, ``conv_prologue.py``); a reduction behind a cube op only when a row block of the
         accumulator (cube_m rows of the reduction row, fp32) fits L0C; at most ``max_reductions`` free
         reductions."""
         nodes, mset = self.nodes, set(members)
+        closed = self.closed_pattern(members)
+        if closed:
+            return closed
         undefined = self.undefined_dim(members)
         if undefined is not None:
             return f"dim {undefined} of a member's shape is defined by no input of the group (data-dependent)"
@@ -201,6 +238,7 @@ class FusionModel:
         for c in cubes:
             if chain is not None and c == chain.second:
                 continue            # its operand is the chain's elementwise epilogue, checked by find_chain
+            data_path = self.conv_input_path(c, mset)
             stack, seen = [p for p in nodes[c].producers if p in mset], set()
             while stack:
                 p = stack.pop()
@@ -216,13 +254,31 @@ class FusionModel:
                     # only layout ops in front of it
                     stack.extend(q for q in nodes[p].producers if q in mset)
                     continue
-                if nodes[p].pattern != INJECTIVE:
+                if p in data_path:
+                    why = prologue_op(nodes[p])     # a conv's input prologue, applied as the input is staged
+                    if why:
+                        return why
+                elif nodes[p].pattern != INJECTIVE:
                     return "compute fused into a cube op's operand"
                 stack.extend(q for q in nodes[p].producers if q in mset)
+        if cubes:
+            after_cube = reachable(nodes, cubes, mset, "users")
+            if any(nodes[m].concat for m in after_cube):
+                # the conv would copy the concat's other parts; it writes its own slice in place instead
+                # (ConvConcat), or the concat is read where it is consumed (a conv's or pool's input)
+                return "concat behind a cube op"
         reds = [m for m in members if nodes[m].locked is None and not nodes[m].cube
                 and nodes[m].pattern in (REDUCE, OUT_EWISE)]
         if len(reds) > self.cfg.max_reductions:
             return f"more than {self.cfg.max_reductions} reductions"
+        windowed = [m for m in reds if not nodes[m].row_norm]
+        if len(windowed) > 1:
+            # a pool of a pool (GoogLeNet's stage max-pool feeding the next block's 3x3/1 pool branch): each
+            # window reads a halo of the other's output, so no tile of one is the input of a tile of the
+            # other; the pool rule takes one pool per kernel
+            wset = set(windowed)
+            if any(reachable(nodes, [m], mset, "users") & wset for m in windowed):
+                return "a spatial reduction (pool) feeds another in the group"
         if cubes and reds:
             after_cube = reachable(nodes, cubes, mset, "users")
             limit = self.target.l0c_bytes // (self.target.cube_m * 4)

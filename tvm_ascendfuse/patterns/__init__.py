@@ -5,7 +5,7 @@ import importlib
 from .registry import PREFIX, PatternSpec, declare, evaluate, pattern_table, register_all
 
 # Family modules, each declaring its ``ascendfuse.<family>.<variant>`` patterns and its CANN switch(es).
-FAMILIES = ("conv", "matmul", "norm", "softmax", "attention", "swiglu", "elementwise")
+FAMILIES = ("conv", "matmul", "norm", "softmax", "attention", "swiglu", "elementwise", "squeeze_excite")
 
 
 def load_families() -> None:

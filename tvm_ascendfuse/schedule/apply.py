@@ -35,12 +35,15 @@ from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
 from .reduction import GemmNormRule, ReductionRule
+from .squeeze_excite import SqueezeExciteRule
 from .tuned import tuned_rules
 
-# Most specific first. Attention (two products around a softmax) and several independent products
+# Most specific first. Squeeze-excite (a spatial sum then two small products) before everything that takes
+# products. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule,
-                 GroupedConv2dRule, DepthwiseConv2dRule, PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+DEFAULT_RULES = (SqueezeExciteRule, AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule,
+                 Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule, GemmNormRule, ReductionRule,
+                 ElementwiseRule, FallbackRule)
 
 
 def default_rules(target: AscendTarget, host=None) -> list:

@@ -1,0 +1,76 @@
+"""SqueezeExciteRule: spatial mean -> FC -> act -> FC -> gate in one kernel computes what the unscheduled kernel
+computes (odd channel counts, batch 2, symbolic batch, large planes, fp32/fp16, conv and linear FCs); other
+kernels are declined."""
+
+from __future__ import annotations
+
+import pytest
+from tvm import relax, tirx
+from tvm.relax import op
+
+from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
+from tvm_ascendfuse.schedule.squeeze_excite import SqueezeExciteRule
+
+
+def hardsigmoid(y, dtype):
+    return op.clip(op.add(op.multiply(y, relax.const(1 / 6, dtype)), relax.const(0.5, dtype)), 0, 1)
+
+
+def se_conv(act="relu", gate="sigmoid", dtype="float32"):
+    def build(x, w1, b1, w2, b2):
+        s = op.mean(x, axis=[2, 3], keepdims=True)
+        h = op.add(op.nn.conv2d(s, w1), b1)
+        h = op.nn.relu(h) if act == "relu" else op.nn.silu(h)
+        g = op.add(op.nn.conv2d(h, w2), b2)
+        return op.sigmoid(g) if gate == "sigmoid" else hardsigmoid(g, dtype)
+    return build
+
+
+def se_linear(dtype="float32"):
+    def build(x, w1, b1, w2, b2):
+        bb = relax.BlockBuilder.current()
+        s = bb.normalize(op.mean(x, axis=[2, 3], keepdims=True))
+        n, c = s.ty.shape[0], s.ty.shape[1]
+        s = op.reshape(s, (n, c))
+        h = op.nn.relu(op.add(op.matmul(s, w1), b1))
+        g = op.sigmoid(op.add(op.matmul(h, w2), b2))
+        return op.reshape(g, (n, c, 1, 1))
+    return build
+
+
+def conv_shapes(n, c, cs, h, w):
+    return [(n, c, h, w), (cs, c, 1, 1), (1, cs, 1, 1), (c, cs, 1, 1), (1, c, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n,c,cs,h,w,act,gate", [
+    (1, 16, 4, 7, 7, "relu", "sigmoid"),
+    (2, 13, 3, 5, 9, "silu", "sigmoid"),            # odd channels, not a multiple of the vector width
+    (1, 24, 8, 14, 14, "relu", "hardsigmoid"),      # MobileNetV3
+    (1, 32, 8, 56, 56, "silu", "sigmoid"),          # a plane large enough for the parallel squeeze
+], ids=["small", "odd_batch2", "hardsigmoid", "large_plane"])
+def test_se_conv_form(n, c, cs, h, w, act, gate, dtype):
+    func = fused_kernel(se_conv(act, gate, dtype), conv_shapes(n, c, cs, h, w), dtype)
+    mod = check_rule(SqueezeExciteRule(), func, host=NATIVE)
+    assert "local.UB" in mod.script()
+
+
+def test_se_linear_form():
+    func = fused_kernel(se_linear(), [(2, 12, 6, 6), (12, 3), (3,), (3, 12), (12,)])
+    check_rule(SqueezeExciteRule(), func, host=HOST)
+
+
+def test_se_symbolic_batch():
+    n = tirx.Var("n", "int64")
+    func = fused_kernel(se_conv(), conv_shapes(n, 10, 4, 6, 6))
+    check_rule(SqueezeExciteRule(), func, host=HOST, sizes={"n": 3})
+
+
+@pytest.mark.parametrize("build,shapes", [
+    (lambda x, w: op.nn.relu(op.nn.conv2d(x, w)), [(1, 8, 6, 6), (4, 8, 1, 1)]),                 # a conv
+    (lambda x: op.mean(x, axis=[2, 3], keepdims=True), [(1, 8, 6, 6)]),                          # a pool alone
+    (lambda x, w1, w2: op.sigmoid(op.nn.conv2d(op.nn.relu(op.nn.conv2d(                         # no squeeze
+        x, w1)), w2)), [(1, 8, 1, 1), (4, 8, 1, 1), (8, 4, 1, 1)]),
+], ids=["conv", "mean", "no_squeeze"])
+def test_other_kernels_declined(build, shapes):
+    check_rule(SqueezeExciteRule(), fused_kernel(build, shapes), expect=False)
