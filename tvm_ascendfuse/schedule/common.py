@@ -165,8 +165,25 @@ def ok(step, *args, **kwargs) -> bool:
         return False
 
 
+def vector_storable(sch: s_tir.Schedule, block) -> bool:
+    """May a loop storing this block's outputs be vectorised? Not when it writes a bool or sub-byte buffer.
+
+    TVM's StorageRewrite retypes an allocated bool buffer whose every access is vectorised to ``int8xN`` and
+    then stores those int8 vectors into bool buffers (``dtype mismatch on BufferStore ... T.int8x4``: ONNX
+    And/Or/Not staged through UB); sub-byte elements have no addressable lane at all. Scalar stores of
+    these types lower fine, so only the vectorisation is skipped."""
+    for region in sch.get(block).writes:
+        dtype = tvm.DataType(str(region.source.dtype))
+        if str(region.source.dtype) == "bool" or dtype.bits < 8:
+            return False
+    return True
+
+
 def innermost_vector(sch: s_tir.Schedule, block, lanes: int) -> None:
-    """Vectorise the innermost loop of a block by the widest legal width (no-op when none)."""
+    """Vectorise the innermost loop of a block by the widest legal width (no-op when none, or when the block
+    stores bool/sub-byte values, see ``vector_storable``)."""
+    if not vector_storable(sch, block):
+        return
     loops = sch.get_loops(block)
     if not loops or not isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize):
         return          # the innermost loop also runs other blocks (an anchor loop): never vectorise it
