@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import tvm
@@ -22,6 +23,7 @@ from tvm import relax
 
 import tvm_ascendfuse as af
 from tvm_ascendfuse.frontend import import_onnx
+from tvm_ascendfuse.progress import bar
 from tvm_ascendfuse.workloads import WORKLOAD_IDS, WORKLOADS
 
 SLOW = {"W2"}   # ResNet-50: one round is enough (seconds per compile)
@@ -74,11 +76,14 @@ def main(argv=None):
     time_ours(warm, args.target, False, args.jobs)
     rows = []
     print(f"{'':4}{'workload':16}{'default s':>10}{'ours s':>9}{'ours/default':>14}")
-    for wid in args.workloads.split(","):
-        r = measure(wid.strip(), args.target, args.rounds, args.traffic_baseline, args.jobs)
-        rows.append(r)
-        print(f"{r['workload']:4}{r['name']:16}{r['default_s']:>10.3f}{r['ours_s']:>9.3f}{r['ratio']:>14.2f}",
-              flush=True)
+    wids = [w.strip() for w in args.workloads.split(",")]
+    with bar(total=len(wids), desc="workloads", unit="workload") as shown:
+        for wid in wids:
+            r = measure(wid, args.target, args.rounds, args.traffic_baseline, args.jobs)
+            rows.append(r)
+            shown.write(f"{r['workload']:4}{r['name']:16}{r['default_s']:>10.3f}{r['ours_s']:>9.3f}"
+                        f"{r['ratio']:>14.2f}", file=sys.stdout)
+            shown.update()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

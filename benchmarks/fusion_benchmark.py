@@ -43,6 +43,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # noqa: E402
 import tvm_ascendfuse as af  # noqa: E402
 from tvm_ascendfuse.analysis import launch_count, launched_kernels  # noqa: E402
 from tvm_ascendfuse.frontend import import_onnx  # noqa: E402
+from tvm_ascendfuse.progress import bar  # noqa: E402
 from tvm_ascendfuse.workloads import WORKLOAD_IDS, WORKLOADS  # noqa: E402
 
 ORT_THREADS = 2
@@ -113,8 +114,13 @@ def compile_ours(mod: tvm.IRModule, target: str):
 # ---------------------------------------------------------------------------------------------------------
 # Runners: each is a zero-argument callable doing one inference; ``output()`` returns the last result
 
+def _inputs(x) -> list[np.ndarray]:
+    """One input array, or a list of them in the model's input order."""
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
 class OrtRunner:
-    def __init__(self, model: onnx.ModelProto, x: np.ndarray):
+    def __init__(self, model: onnx.ModelProto, x):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -122,7 +128,8 @@ class OrtRunner:
         so.intra_op_num_threads = ORT_THREADS
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         self.io = self.sess.io_binding()
-        self.io.bind_ortvalue_input(self.sess.get_inputs()[0].name, ort.OrtValue.ortvalue_from_numpy(x))
+        for inp, a in zip(self.sess.get_inputs(), _inputs(x)):
+            self.io.bind_ortvalue_input(inp.name, ort.OrtValue.ortvalue_from_numpy(a))
         self.io.bind_output(self.sess.get_outputs()[0].name)
 
     def __call__(self):
@@ -133,14 +140,14 @@ class OrtRunner:
 
 
 class VMRunner:
-    def __init__(self, executable, x: np.ndarray):
+    def __init__(self, executable, x):
         self.vm = relax.VirtualMachine(executable, tvm.cpu())
         self.fn = self.vm["main"]
-        self.x = tvm.runtime.tensor(x)
+        self.x = [tvm.runtime.tensor(a) for a in _inputs(x)]
         self.last = None
 
     def __call__(self):
-        self.last = self.fn(self.x)
+        self.last = self.fn(*self.x)
 
     def output(self) -> np.ndarray:
         return self.last.numpy()
@@ -332,14 +339,19 @@ def main(argv=None) -> int:
         use_traffic_columns()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     rows = []
+    shown = bar(total=len(names), desc="workloads", unit="workload")
+    log = lambda msg: shown.write(msg, file=sys.stderr)   # noqa: E731  (printed above the bar)
     for name in names:
+        shown.set_postfix_str(name)
         try:
             rows.append(benchmark_workload(name, args.target, args.budget, args.max_default_call,
                                            time_default=name not in skip, min_rounds=args.min_rounds, log=log))
         except af.AscendFuseError as err:     # one workload failing to compile must not lose the others
             rows.append({"workload": name, "description": WORKLOADS[name][1], "error": str(err),
                          "notes": [f"failed: {type(err).__name__}: {err}"]})
-        print(format_table(rows[-1:]), file=sys.stderr, flush=True)
+        log(format_table(rows[-1:]))
+        shown.update()
+    shown.close()
     print(format_table(rows))
     print("ms columns: CPU wall-clock on the host (min over interleaved rounds), not NPU times; noisy on a "
           "shared machine. GM bytes are counted on the TIR; NPU us are modeled from the target description.")

@@ -43,7 +43,7 @@ def compile_with(mod, target: str, schedules: str | None):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model")
-    p.add_argument("schedules", help="folder holding <target>/database_*.json")
+    p.add_argument("schedules", help="folder holding <target>/<cpu>/database_*.json (ascendfuse tune -o)")
     p.add_argument("--target", default="ascend910b")
     p.add_argument("--rounds", type=int, default=200)
     args = p.parse_args()

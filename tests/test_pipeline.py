@@ -87,12 +87,15 @@ def test_transformer_mlp_recognised():
 def test_every_pass_is_listed_and_switchable():
     from tvm_ascendfuse.switches import GRAPH_FUSION, known_switches
     names = [cls.switch_name for cls in GRAPH_FUSION_PASSES]
-    assert len(set(names)) == len(names) == 11
+    assert len(set(names)) == len(names) == 13
     assert all(known_switches()[n].category == GRAPH_FUSION for n in names)
     assert names.index("LayerNormFusionPass") < names.index("RMSNormFusionPass")
     assert names.index("FocusConvFusionPass") < names.index("ConvBatchnormFusionPass")
     assert names.index("ConcatSplitFusionPass") < names.index("ConvBatchnormFusionPass")
     assert names[-1] == "MatMulSiblingMergeFusionPass"
+    # one-op attention is written out, and its transposes collapsed, before anything looks for attention
+    assert names.index("ScaledDotProductAttentionFusionPass") < names.index("TransposeChainFusionPass") \
+        < names.index("MatMulBiasAddFusionPass")
 
 
 def csp_tail():

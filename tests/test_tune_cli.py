@@ -32,7 +32,7 @@ def test_tune_writes_the_database_compile_uses(linear_model, tmp_path, capsys, m
                  "--portable"]) == 0
     printed = capsys.readouterr().out
     assert "matmul" in printed and "default us" in printed
-    folder = out / "ascend910b"
+    folder = out / "ascend910b" / "generic"                    # --portable: records for no particular CPU
     records = [json.loads(line) for line in (folder / RECORDS_FILE).read_text().splitlines() if line.strip()]
     assert (folder / WORKLOADS_FILE).is_file() and len(records) == 2
     assert all(r[1][1][0] < 1e9 for r in records)              # every candidate built and ran
@@ -101,10 +101,10 @@ def test_tune_a_conv_kernel_and_compile_with_its_record(tmp_path, capsys, monkey
     path = tmp_path / "conv.onnx"
     onnx.save(model, str(path))
     out = tmp_path / "sched"
-    monkeypatch.setattr("tvm_ascendfuse.tune.MIN_GAIN", -10.0)   # record every pick, slower ones too
+    monkeypatch.setattr("tvm_ascendfuse.tune.search.MIN_GAIN", -10.0)   # record every pick, slower ones too
     assert main(["tune", str(path), "--trials", "3", "-o", str(out), "--portable"]) == 0
     assert "conv2d" in capsys.readouterr().out
-    records = list(open_database(out / "ascend910b").get_all_tuning_records())
+    records = list(open_database(out / "ascend910b" / "generic").get_all_tuning_records())
     decisions = sorted(tile_decision(r) for r in records)
     assert decisions[0] == 0 and len(set(decisions)) == 3 and all(float(r.run_secs[0]) < 1e9 for r in records)
 
@@ -114,7 +114,7 @@ def test_tune_a_conv_kernel_and_compile_with_its_record(tmp_path, capsys, monkey
     monkeypatch.setenv(SCHEDULES_ENV, str(out))
     result = compile_model(import_onnx(model), target="ascend910b", portable=True)
     assert "tuned" in result.report.sections["schedules"].values()
-    best = open_database(out / "ascend910b").get_top_k(records[0].workload, 1)[0]
+    best = open_database(out / "ascend910b" / "generic").get_top_k(records[0].workload, 1)[0]
     script = next(iter(f for f in result.scheduled_module.functions.values()
                        if "ascendfuse.schedule" in f.script())).script()
     note = next(i.inputs[-1] for i in best.trace.insts if i.kind.name == "Annotate"
@@ -126,5 +126,64 @@ def test_tune_a_conv_kernel_and_compile_with_its_record(tmp_path, capsys, monkey
 def test_a_tuned_pick_is_recorded_only_when_it_beats_the_default_by_the_margin():
     timed = [(0, 1.00e-3, "default"), (3, 0.99e-3, "noise"), (5, 0.90e-3, "win"), (7, 1.2e-3, "slower")]
     assert [r for r, _ in worth_recording(timed, min_gain=0.03)] == ["default", "win"]
-    # the default failed to run: nothing to compare against, keep what ran
-    assert [r for r, _ in worth_recording(timed[1:], min_gain=0.03)] == ["noise", "win", "slower"]
+    # the default failed to run: nothing shows that a pick beats it, so nothing is recorded
+    assert worth_recording(timed[1:], min_gain=0.03) == []
+
+
+def test_a_killed_whole_model_run_resumes(tmp_path, capsys, monkeypatch):
+    """Two distinct kernels (chained GEMMs off): the process is killed (SIGKILL, with its MetaSchedule
+    workers) once the first kernel is recorded; the rerun keeps that kernel, reuses the untuned timings,
+    tunes the other, and the model compiled with the records gives ORT's numbers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.tune.models import mlp
+
+    model = mlp([32, 96, 24], rows=16)
+    path, switch = tmp_path / "mlp.onnx", tmp_path / "switch.cfg"
+    onnx.save(model, str(path))
+    switch.write_text("ChainedGemmFusionPass:off\n")
+    out = tmp_path / "sched"
+    argv = ["tune", str(path), "--trials", "3", "-o", str(out), "--portable", "--fusion-switch", str(switch)]
+    records = out / "ascend910b" / "generic" / RECORDS_FILE
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_ascendfuse.cli", *argv, "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if records.is_file() and records.read_text().strip():
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(30)
+        proc.stderr.close()
+    first = {json.loads(line)[0] for line in records.read_text().splitlines() if line.strip()}
+    assert len(first) == 1                                         # one kernel recorded, the other not
+
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "timing the" not in captured.err                        # the untuned timings came from the work dir
+    table = captured.out
+    assert table.count("already tuned") == 1 and "3 candidates measured on this machine (6 with earlier" in table
+    summary = json.loads((out / "ascend910b" / "generic" / "work" / "summary.json").read_text())
+    shares = [r["share"] for r in summary["results"]]
+    assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1.0)
+    assert [r["status"] for r in summary["results"]].count("tuned") == 1
+
+    x = np.random.default_rng(0).standard_normal((16, 32)).astype("float32")
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    monkeypatch.setenv(SCHEDULES_ENV, str(out))
+    result = compile_model(import_onnx(model), target="ascend910b", portable=True,
+                           switches={"ChainedGemmFusionPass": "off"})
+    assert sorted(result.report.sections["schedules"].values()) == ["tuned", "tuned"]
+    np.testing.assert_allclose(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)

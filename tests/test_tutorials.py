@@ -1,17 +1,25 @@
-"""The tutorials run end to end (each checks its own output against ONNX Runtime and exits non-zero if not)."""
+"""The tutorials run end to end on small shapes (each checks its own numbers and exits non-zero if not)."""
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(script, *args, cwd):
     proc = subprocess.run([sys.executable, str(ROOT / "tutorials" / script), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout
+
+
+def test_all_tutorials_are_tested():
+    tested = {"01_conv_bn_relu.py", "02_llama_block.py", "03_passes_and_pipeline.py", "04_custom_pattern.py",
+              "05_tuning.py", "06_from_pytorch.py", "07_html_report.py"}
+    assert {p.name for p in (ROOT / "tutorials").glob("*.py")} == tested
 
 
 def test_conv_bn_relu_tutorial(tmp_path):
@@ -22,3 +30,36 @@ def test_conv_bn_relu_tutorial(tmp_path):
 def test_llama_block_tutorial_small():
     out = _run("02_llama_block.py", "--seq", "16", "--hidden", "64", "--heads", "4", "--ffn", "96", cwd=ROOT)
     assert out.count("launches") == 3 and "within 1e-3: OK" in out
+
+
+def test_passes_and_pipeline_tutorial_small(tmp_path):
+    out = _run("03_passes_and_pipeline.py", "--hw", "14", "--channels", "16", cwd=tmp_path)
+    assert 'relax_pipeline="ascendfuse"' in out and "switched_off" in out and out.rstrip().endswith("OK")
+
+
+def test_custom_pattern_tutorial(tmp_path):
+    out = _run("04_custom_pattern.py", "--out", str(tmp_path), cwd=tmp_path)
+    assert "not a multiple of the cube unit 16" in out and "tutorial checks: OK" in out
+
+
+def test_tuning_tutorial_small(tmp_path):
+    pytest.importorskip("psutil")
+    pytest.importorskip("cloudpickle")
+    out = _run("05_tuning.py", "--rows", "16", "--hidden", "64", "--ffn", "96", "--trials", "2",
+               "--out", str(tmp_path / "tuned"), cwd=tmp_path)
+    assert "rules with the records: ['tuned']" in out and "tutorial checks: OK" in out
+
+
+def test_pytorch_tutorial_small(tmp_path):
+    pytest.importorskip("torch")
+    out = _run("06_from_pytorch.py", "--hw", "16", "--seq", "16", "--hidden", "64", "--heads", "4", "--ffn", "96",
+               "--out", str(tmp_path), cwd=tmp_path)
+    assert "3 BatchNorms folded" in out and "verify against pytorch (eager) (seed 0): OK" in out
+    assert (tmp_path / "fusion_report.html").is_file() and "tutorial checks: OK" in out
+
+
+def test_html_report_tutorial_small(tmp_path):
+    out = _run("07_html_report.py", "--seq", "16", "--hidden", "64", "--heads", "4", "--ffn", "128",
+               "--out", str(tmp_path), cwd=tmp_path)
+    assert "after it 3 kernel boxes" in out and "tutorial checks: OK" in out
+    assert (tmp_path / "fusion_report.html").is_file()

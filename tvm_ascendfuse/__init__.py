@@ -12,9 +12,17 @@ from . import graph_fusion, patterns, grouping  # noqa: F401  (importing registe
 from .pipeline import AscendFusePipeline, ascendfuse_pipeline
 from .api import compile_model
 
+
+def from_torch(module, example_args, dynamic_shapes=None, example_kwargs=None):
+    """PyTorch module -> Relax IRModule for ``compile_model`` (``torch_frontend.from_torch``; needs torch)."""
+    from .torch_frontend import from_torch as _from_torch
+
+    return _from_torch(module, example_args, dynamic_shapes=dynamic_shapes, example_kwargs=example_kwargs)
+
+
 __all__ = [
     "AscendFuseError", "ModelError", "SwitchError", "TargetError", "UBCapacityError", "UnsupportedOpError",
     "PRESETS", "AscendTarget", "get_target", "load_target_file", "make_target",
     "FusionSwitches", "known_switches", "FusionReport",
-    "AscendFusePipeline", "ascendfuse_pipeline", "compile_model",
+    "AscendFusePipeline", "ascendfuse_pipeline", "compile_model", "from_torch",
 ]

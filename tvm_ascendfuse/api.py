@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import tvm
 
@@ -20,16 +21,29 @@ class CompileResult:
     scheduled_module: tvm.IRModule  # after scheduling and UB verification (kernel names as in report.kernels)
     target: AscendTarget
     host_target: "tvm.target.Target"
+    verification: Any = None        # verify.VerifyResult when compiled with verify=True
 
 
 def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", switches=None,
-                  portable: bool = False, traffic_baseline: bool = False, jobs: int | None = None) -> CompileResult:
+                  portable: bool = False, traffic_baseline: bool = False, jobs: int | None = None,
+                  verify: bool = False, reference: Callable | None = None,
+                  reference_name: str | None = None) -> CompileResult:
     """``traffic_baseline=True`` also fills the TVM-default and lower-bound rows of the report's traffic table
     (report-only; it re-runs TVM's default fusion on the model, seconds on ResNet-50). ``jobs``: threads
-    for the kernels' TIR lowering and LLVM code generation (default: the host's cores; ``build.py``)."""
+    for the kernels' TIR lowering and LLVM code generation (default: the host's cores; ``build.py``).
+
+    ``verify=True`` runs the build and an unfused reference on seeded random inputs and, on a mismatch, names
+    the first kernel that differs from its unfused ops (``verify.py``; result in ``.verification`` and the
+    report's ``verify`` section). ``reference``: a function inputs -> outputs (e.g.
+    ``verify.onnxruntime_reference(model)``); default TVM's default pipeline on ``mod``."""
     npu = get_target(target)
     host = npu.host_target(portable=portable)
     pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline)
     ex = build(mod, host, pipeline, jobs=jobs)
     snaps = pipeline.snapshots
-    return CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)
+    result = CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)
+    if verify:
+        from .verify import verify_compiled
+
+        result.verification = verify_compiled(result, mod, reference, reference_name)
+    return result

@@ -21,6 +21,8 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax import vm_build
 
+from .progress import bar
+
 
 def default_jobs(host) -> int:
     """Threads for the TIR build: the host target's cores (at most the machine's) that nothing else is
@@ -104,11 +106,13 @@ def build_tir(tir_mod: tvm.IRModule, target, jobs: int) -> list:
         with ctx:
             return [tvm.tirx.build(tir_mod, target=target, pipeline="default")]
     libs, errors = [None] * len(parts), []
+    shown = bar(total=len(parts), desc="code generation", unit="part", delay=2.0)
 
     def run(i):
         try:
             with ctx:
                 libs[i] = tvm.tirx.build(parts[i], target=target, pipeline="default")
+            shown.update()
         except BaseException as err:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(err)
 
@@ -118,6 +122,7 @@ def build_tir(tir_mod: tvm.IRModule, target, jobs: int) -> list:
     run(0)
     for t in threads:
         t.join()
+    shown.close()
     if errors:
         raise errors[0]
     return libs

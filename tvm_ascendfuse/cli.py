@@ -1,14 +1,21 @@
-"""``ascendfuse``: compile an ONNX model with the fusion pipeline and write library + report.
+"""``ascendfuse``: compile an ONNX model or a PyTorch exported program with the fusion pipeline and write
+library + report.
 
-    ascendfuse compile MODEL.onnx [--target ascend910b|FILE] [--fusion-switch FILE] [-o OUTDIR] [--portable]
-                                   [--no-traffic-baseline]
+    ascendfuse compile MODEL.onnx|MODEL.pt2 [--target ascend910b|FILE] [--fusion-switch FILE] [-o OUTDIR]
+                                   [--portable] [--no-traffic-baseline] [--verify] [--html] [--quiet]
     ascendfuse patterns            list switchable passes and pattern names
-    ascendfuse report FILE         print the summary of a fusion_result.json
+    ascendfuse report FILE [--html [-o PAGE]]   print the summary of a fusion_result.json (or write its page)
     ascendfuse workload NAME -o F  write one of the built-in example models as ONNX
-    ascendfuse tune MODEL.onnx [--target T] --trials N [--kernels NAME,...] -o DIR
-                                   tune the kernels' tile choices (MetaSchedule); DIR/<target>/ holds the records
+    ascendfuse tune MODEL.onnx [--target T] [--trials N] [--budget 30m] [--kernels NAME,...] [-o DIR]
+                                   [--fusion-switch FILE] [--rpc-tracker HOST:PORT --rpc-key KEY]
+                                   [--work-dir W] [--portable] [--quiet]
+                                   tune every tunable kernel's tiles (MetaSchedule); DIR/<target>/<cpu>/ holds
+                                   the records; a rerun resumes from the work dir
+    ascendfuse rpc tracker [--host 127.0.0.1] [--port 9190]
+    ascendfuse rpc server --tracker HOST:PORT --key KEY [--host 127.0.0.1] [--port 9090]
+                                   TVM's RPC tracker / server (measure candidates on other hosts or boards)
 
-Errors a user can fix print as one line and exit with code 2.
+Errors a user can fix print as one line and exit with code 2; ``--verify`` finding a mismatch exits with 1.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from pathlib import Path
 from .errors import AscendFuseError
 
 EXIT_USER_ERROR = 2
+EXIT_MISMATCH = 1
+TORCH_SUFFIXES = (".pt2", ".ep")
 
 
 def _fmt_table(rows: list[list[str]], header: list[str]) -> str:
@@ -54,19 +63,58 @@ def summary_text(report: dict) -> str:
              k.get("rule", "")] for k in report.get("kernels", [])]
     if kern:
         out.append(_fmt_table(kern, ["kernel", "n", "source ops", "pattern", "schedule"]))
-    traffic = report.get("traffic")
-    if isinstance(traffic, dict) and traffic:
-        out.append("traffic (GM bytes counted on TIR; NPU time is modeled, not measured):")
-        out.append(json.dumps(traffic, indent=2, default=str))
+    traffic = traffic_text(report)
+    if traffic:
+        out.append(traffic)
+    if report.get("verify"):
+        from .verify import verify_text
+
+        out.append(verify_text(report["verify"]))
     return "\n\n".join(out)
+
+
+def traffic_text(report: dict) -> str:
+    """The traffic table: launches, GM MB counted on the TIR, modeled NPU µs, for TVM's default fusion,
+    ours and the compulsory lower bound (the rows the report has)."""
+    from .report_html import traffic_rows
+
+    rows = [[label, t.get("launches", "-"), f"{t['gm_bytes'] / 1e6:.2f}" if "gm_bytes" in t else "-",
+             f"{t['modeled_time_us']:.1f}" if "modeled_time_us" in t else "-"] for label, t in traffic_rows(report)]
+    if not rows:
+        return ""
+    t = report.get("traffic", {})
+    notes = []
+    if t.get("gm_bytes_vs_lower_bound"):
+        notes.append(f"GM vs lower bound {t['gm_bytes_vs_lower_bound']:.2f}x")
+    if t.get("modeled_speedup_vs_tvm_default"):
+        notes.append(f"modeled speed-up vs TVM default {t['modeled_speedup_vs_tvm_default']:.2f}x")
+    table = _fmt_table(rows, ["traffic", "launches", "GM MB (counted)", "NPU us (modeled)"])
+    return table + ("\n" + "; ".join(notes) if notes else "")
+
+
+def import_model(path: Path):
+    """(Relax module, reference for --verify or None, reference name): ONNX, or a torch.export file."""
+    if path.suffix.lower() in TORCH_SUFFIXES:
+        from .torch_frontend import import_exported_program, load_exported_program
+        from .verify import torch_reference
+
+        program = load_exported_program(path)
+        return import_exported_program(program), lambda: torch_reference(program), "pytorch (eager)"
+    from .frontend import import_onnx, load_onnx
+    from .verify import onnxruntime_reference
+
+    proto = load_onnx(path)
+    return import_onnx(proto), lambda: onnxruntime_reference(proto), "onnxruntime"
 
 
 def cmd_compile(args) -> int:
     from . import compile_model
     from .analysis import relax_op_count
-    from .frontend import import_onnx
+    from .progress import quiet
     from .target import get_target
 
+    if args.quiet:
+        quiet(True)
     model_path = Path(args.model)
     target = get_target(args.target)
     switches = None
@@ -76,7 +124,7 @@ def cmd_compile(args) -> int:
         switches = FusionSwitches.from_file(args.fusion_switch)
     outdir = Path(args.output)
     _check_writable(outdir)
-    mod = import_onnx(model_path)
+    mod, make_reference, reference_name = import_model(model_path)
     ops_before = relax_op_count(mod)
     t0 = time.perf_counter()
     result = compile_model(mod, target=target, switches=switches, portable=args.portable,
@@ -88,7 +136,14 @@ def cmd_compile(args) -> int:
         "launches": sum(k["launches"] for k in report.kernels), "compile_seconds": round(seconds, 2),
         "host_target": str(result.host_target),
     }
+    verified = None
+    if args.verify:
+        from .verify import verify_compiled
+
+        reference = make_reference()
+        verified = verify_compiled(result, mod, reference, reference_name if reference is not None else None)
     stem = model_path.stem
+    written = [f"{stem}.so", f"{stem}.fused.py", "fusion_result.json"]
     # Write everything into a scratch dir first, so a failure leaves nothing half-written in OUTDIR.
     outdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=outdir, prefix=".ascendfuse-") as tmp:
@@ -96,11 +151,16 @@ def cmd_compile(args) -> int:
         result.executable.export_library(str(tmp / f"{stem}.so"))
         (tmp / f"{stem}.fused.py").write_text(result.scheduled_module.script(show_meta=False))
         report.write(tmp / "fusion_result.json")
+        if args.html:
+            from .report_html import write_html
+
+            write_html(report.to_dict(), tmp / "fusion_report.html")
+            written.append("fusion_report.html")
         for f in tmp.iterdir():
             os.replace(f, outdir / f.name)
     print(summary_text(report.to_dict()))
-    print(f"\nwrote {outdir / (stem + '.so')}, {outdir / (stem + '.fused.py')}, {outdir / 'fusion_result.json'}")
-    return 0
+    print("\nwrote " + ", ".join(str(outdir / w) for w in written))
+    return EXIT_MISMATCH if verified is not None and not verified.ok else 0
 
 
 def _check_writable(outdir: Path) -> None:
@@ -133,6 +193,16 @@ def cmd_report(args) -> int:
         data = json.loads(Path(args.file).read_text())
     except (OSError, ValueError) as err:
         raise AscendFuseError(f"cannot read fusion report '{args.file}': {err}") from None
+    if not isinstance(data, dict) or "kernels" not in data:
+        raise AscendFuseError(f"'{args.file}' is not a fusion_result.json (no 'kernels')")
+    if args.html:
+        from .report_html import write_html
+
+        page = Path(args.output) if args.output else Path(args.file).with_name("fusion_report.html")
+        _check_writable(page.parent)
+        write_html(data, page)
+        print(f"wrote {page}")
+        return 0
     print(summary_text(data))
     return 0
 
@@ -155,35 +225,75 @@ def cmd_workload(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .tune import check_trials, tune_model
+    from .progress import quiet
+    from .tune import RPCSpec, check_trials, parse_address, parse_duration, tune_model
+    from .tune.rpc import check_key
 
-    check_trials(args.trials)
+    if args.quiet:
+        quiet(True)
+    if args.trials is not None:
+        check_trials(args.trials)
+    if args.trials is None and args.budget is None:
+        raise AscendFuseError("give --trials N (candidates per kernel), --budget DURATION, or both")
+    budget = parse_duration(args.budget) if args.budget is not None else None
+    rpc = None
+    if args.rpc_tracker or args.rpc_key:
+        if not (args.rpc_tracker and args.rpc_key):
+            raise AscendFuseError("--rpc-tracker HOST:PORT and --rpc-key KEY go together")
+        host, port = parse_address(args.rpc_tracker)
+        rpc = RPCSpec(host, port, check_key(args.rpc_key))
+    switches = None
+    if args.fusion_switch:
+        from .switches import FusionSwitches
+
+        switches = FusionSwitches.from_file(args.fusion_switch)
     model = Path(args.model)
     _check_writable(Path(args.output))
     names = [n.strip() for n in args.kernels.split(",") if n.strip()] if args.kernels else None
     summary = tune_model(model, target=args.target, trials=args.trials, output=args.output, kernels=names,
-                         portable=args.portable, log=print)
+                         switches=switches, portable=args.portable, budget=budget, rpc=rpc,
+                         work_dir=args.work_dir, quiet=args.quiet)
     print(summary.table())
     print(f"\nwrote {summary.database}; compile with ASCENDFUSE_SCHEDULES={args.output} to use it")
     return 0
+
+
+def cmd_rpc(args) -> int:
+    from .tune import parse_address
+    from .tune.rpc import serve, start_server, start_tracker
+
+    if args.role == "tracker":
+        tracker = start_tracker(args.host, args.port, silent=not args.verbose)
+        return serve(tracker, f"RPC tracker listening on {args.host}:{tracker.port}")
+    tracker_addr = parse_address(args.tracker, "--tracker")
+    server = start_server(tracker_addr, args.key, args.host, args.port, silent=not args.verbose)
+    return serve(server, f"RPC server listening on {args.host}:{server.port}, key {args.key}, tracker "
+                         f"{tracker_addr[0]}:{tracker_addr[1]}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ascendfuse", description=__doc__.split("\n")[0])
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compile", help="compile an ONNX model and write library, fused IR and fusion_result.json")
-    c.add_argument("model", help="ONNX model file")
+    c = sub.add_parser("compile", help="compile a model and write library, fused IR and fusion_result.json")
+    c.add_argument("model", help="ONNX model file, or a PyTorch program saved with torch.export.save (.pt2)")
     c.add_argument("--target", default="ascend910b", help="preset (ascend910b, ascend310p) or .json/.toml file")
     c.add_argument("--fusion-switch", help="CANN fusion switch file (JSON or PassName:on|off lines)")
     c.add_argument("-o", "--output", default="ascendfuse_out", help="output directory")
     c.add_argument("--portable", action="store_true", help="generic x86-64 code instead of this CPU's features")
     c.add_argument("--no-traffic-baseline", action="store_true",
                    help="skip the TVM-default rows of the traffic table (faster compile of large models)")
+    c.add_argument("--verify", action="store_true",
+                   help="run the build and an unfused reference (ONNX Runtime / PyTorch / TVM default) on seeded "
+                        "random inputs; on a mismatch name the first kernel that differs (exit code 1)")
+    c.add_argument("--html", action="store_true", help="also write fusion_report.html (graphs, kernels, refusals)")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=cmd_compile)
     sub.add_parser("patterns", help="list passes, patterns and their switch names").set_defaults(func=cmd_patterns)
     r = sub.add_parser("report", help="print the summary of a fusion_result.json")
     r.add_argument("file")
+    r.add_argument("--html", action="store_true", help="write the HTML page instead of printing the summary")
+    r.add_argument("-o", "--output", help="the page's path (default: fusion_report.html beside FILE)")
     r.set_defaults(func=cmd_report)
     w = sub.add_parser("workload", help="write a built-in example model as ONNX")
     w.add_argument("name")
@@ -192,11 +302,33 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="search the kernels' tile choices with MetaSchedule, write a schedule database")
     t.add_argument("model", help="ONNX model file")
     t.add_argument("--target", default="ascend910b", help="preset (ascend910b, ascend310p) or .json/.toml file")
-    t.add_argument("--trials", type=int, required=True, help="measured candidates per kernel")
+    t.add_argument("--trials", type=int, help="measured candidates per kernel (default with --budget: each "
+                   "candidate of a kernel's space once)")
+    t.add_argument("--budget", help="wall time for the whole run, e.g. 30m, 2h, 1h30m; spent on the kernels in "
+                   "proportion to their share of the model's run time")
     t.add_argument("--kernels", help="comma-separated kernel names (default: every tunable kernel)")
-    t.add_argument("-o", "--output", default="schedules", help="database folder (records go to OUTPUT/<target>/)")
+    t.add_argument("--fusion-switch", help="CANN fusion switch file, as for compile (the kernels depend on it)")
+    t.add_argument("-o", "--output", default="schedules",
+                   help="database folder (records go to OUTPUT/<target>/<cpu>/)")
+    t.add_argument("--work-dir", help="resumable state (default OUTPUT/<target>/<cpu>/work)")
     t.add_argument("--portable", action="store_true", help="tune generic x86-64 code (as compile --portable)")
+    t.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on the servers of this RPC tracker")
+    t.add_argument("--rpc-key", metavar="KEY", help="the key the RPC servers registered under")
+    t.add_argument("-q", "--quiet", action="store_true", help="no progress bar or progress messages")
     t.set_defaults(func=cmd_tune)
+    rpc = sub.add_parser("rpc", help="run TVM's RPC tracker or a server (bound to 127.0.0.1 by default)")
+    roles = rpc.add_subparsers(dest="role", required=True)
+    rt = roles.add_parser("tracker", help="an RPC tracker: servers register with it, tune asks it for them")
+    rt.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    rt.add_argument("--port", type=int, default=9190, help="first port to try (default 9190)")
+    rs = roles.add_parser("server", help="an RPC server that measures candidates; registers with a tracker")
+    rs.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the tracker to register with")
+    rs.add_argument("--key", required=True, help="the key tune's --rpc-key names (one per kind of board)")
+    rs.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    rs.add_argument("--port", type=int, default=9090, help="first port to try (default 9090)")
+    for role in (rt, rs):
+        role.add_argument("--verbose", action="store_true", help="TVM's connection log")
+    rpc.set_defaults(func=cmd_rpc)
     return p
 
 

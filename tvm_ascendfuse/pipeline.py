@@ -18,7 +18,9 @@ from .graph_fusion import GRAPH_FUSION_PASSES, MatMulSiblingMergeFusionPass
 from .graph_fusion.safe_fold import SafeFoldConstant
 from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
 from .passbase import PyPass
+from .progress import bar
 from .report import FusionReport
+from .report_graph import record_after, record_before
 from .schedule.apply import ScheduleKernels
 from .switches import ATTENTION_PROJECTION, CHAINED_GEMM, COST_BASED_FUSION, resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
@@ -99,6 +101,7 @@ class RecordKernels(PyPass):
 
     def transform_module(self, mod):
         groups = groups_before_fuse_tir(mod)
+        record_after(self.report, mod)
         mod = relax.transform.FuseTIR()(mod)
         mod = relax.transform.DeadCodeElimination()(mod)
         self.report.set_kernels(kernel_table(mod, groups))
@@ -148,10 +151,16 @@ class AscendFusePipeline(PyPass):
 
     def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
         target, switches, tvm_target = self.resolve()
-        with tvm_target:
-            for name, passes in self.phases(target, switches, tvm_target):
+        record_before(self.report, mod)
+        self.report.sections["target_capacity"] = {"ub_usable_bytes": target.ub_usable,
+                                                   "l1_bytes": target.l1_bytes, "l0c_bytes": target.l0c_bytes}
+        phases = self.phases(target, switches, tvm_target)
+        with tvm_target, bar(total=len(phases), desc="compile", unit="phase", delay=2.0) as shown:
+            for name, passes in phases:
+                shown.set_postfix_str(name)
                 mod = tvm.transform.Sequential(passes)(mod)
                 self.snapshots[name] = mod
+                shown.update()
         return mod
 
 

@@ -46,6 +46,8 @@ MATMUL_SIBLING_MERGE = "MatMulSiblingMergeFusionPass"
 RMS_NORM = "RMSNormFusionPass"
 SOFTMAX = "SoftmaxFusionPass"
 SWISH = "SwishFusionPass"
+SDPA_ATTENTION = "ScaledDotProductAttentionFusionPass"
+TRANSPOSE_CHAIN = "TransposeChainFusionPass"
 # UB fusion: pattern families (patterns/)
 TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
 TBE_MATMUL_ELEMWISE = "TbeMatmulElemwiseFusionPass"
@@ -80,6 +82,10 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(RMS_NORM, GRAPH_FUSION, "recognise x * rsqrt(mean(x^2) + eps) * gamma as rms_norm"),
     SwitchInfo(SOFTMAX, GRAPH_FUSION, "recognise exp(x - max) / sum(exp(...)) as softmax"),
     SwitchInfo(SWISH, GRAPH_FUSION, "recognise x * sigmoid(x) as silu"),
+    SwitchInfo(SDPA_ATTENTION, GRAPH_FUSION,
+               "write one-op attention (PyTorch SDPA) as Q.K^T, scale, mask, softmax, .V so the attention "
+               "kernels fuse it with its projections"),
+    SwitchInfo(TRANSPOSE_CHAIN, GRAPH_FUSION, "collapse consecutive transposes (permute_dims) into one, or none"),
     SwitchInfo(TBE_CONV_ELEMWISE, UB_FUSION,
                "conv2d + bias/batch_norm + activation (+ residual add) as one kernel: the epilogue runs on the "
                "cube's output block in UB"),
@@ -110,10 +116,25 @@ SWITCHES: tuple[SwitchInfo, ...] = (
 )
 
 _BY_NAME: dict[str, SwitchInfo] = {s.name: s for s in SWITCHES}
+_USER: dict[str, SwitchInfo] = {}    # switches of patterns and passes a user adds (``register_switch``)
 
 
 def known_switches() -> dict[str, SwitchInfo]:
-    return dict(_BY_NAME)
+    return {**_BY_NAME, **_USER}
+
+
+def register_switch(name: str, category: str, description: str = "", default_on: bool = True) -> str:
+    """Declare the switch of a pattern or pass written outside this package (the built-in ones are the table
+    above), so switch files and ``PassContext(disabled_pass=...)`` accept its name; returns the name.
+    Declaring the same switch again is harmless; a name that is already taken otherwise is an error."""
+    if category not in CATEGORIES:
+        raise SwitchError(f"switch category {category!r} is not one of {', '.join(CATEGORIES)}")
+    info = SwitchInfo(name, category, description, default_on)
+    known = known_switches().get(name)
+    if known is not None and (name in _BY_NAME or (known.category, known.default_on) != (category, default_on)):
+        raise SwitchError(f"switch {name!r} is already declared ({known.category}: {known.description})")
+    _USER[name] = info
+    return name
 
 
 def _parse_value(name: str, value) -> bool:

@@ -13,6 +13,7 @@ from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.schedule.hostvec import HostVector
 from tvm_ascendfuse.schedule.matmul import MatmulRule, choose_tiles, fits_ub, tile_candidates
 from tvm_ascendfuse.schedule.tunable import (
+    FixedTiles,
     LeastDrawnTiles,
     apply_tunable,
     candidate_schedules,
@@ -113,12 +114,68 @@ def test_space_generator_makes_a_metaschedule_space(kernel):
 
 
 def test_ub_postproc_rejects_a_schedule_over_capacity(points):
-    from tvm_ascendfuse.schedule.tunable import _ub_check_postproc
+    from tvm_ascendfuse.schedule.tunable import ub_check_postproc
 
     sch = points[0][1]
-    assert _ub_check_postproc(NPU).apply(sch) is True
+    assert ub_check_postproc(NPU).apply(sch) is True
     tiny = make_target("ascend910b", ub_bytes=64, ub_reserved_bytes=0)
-    assert _ub_check_postproc(tiny).apply(sch) is False
+    assert ub_check_postproc(tiny).apply(sch) is False
+
+
+def _lying_rule(monkeypatch):
+    """The Matmul rule with a wrong capacity check: its candidates are computed for the real UB while the
+    kernel is scheduled for a 100-byte one (it stages 32-128 bytes per candidate, so some do not fit)."""
+    import tvm_ascendfuse.schedule.matmul as matmul
+
+    real = matmul.tile_candidates
+    monkeypatch.setattr(matmul, "tile_candidates", lambda m, n, k, dtype, hv, target: real(m, n, k, dtype, hv, NPU))
+    return make_target("ascend910b", ub_bytes=100, ub_reserved_bytes=0)
+
+
+def _fit_by_tiles(workload, target):
+    first = FixedTiles(0)
+    apply_tunable(s_tir.Schedule(workload), "matmul", target, HOST, first)
+    fit = {}
+    for i, tiles in enumerate(first.candidates):
+        try:
+            sch = apply_tunable(s_tir.Schedule(workload), "matmul", target, HOST, FixedTiles(i))
+        except AscendFuseError:
+            continue
+        fit[tiles] = ub_fits(sch.mod["main"], target)
+    return fit
+
+
+def test_the_space_leaves_out_points_over_capacity(kernel, monkeypatch):
+    tiny = _lying_rule(monkeypatch)
+    fit = _fit_by_tiles(kernel.workload, tiny)
+    assert sum(fit.values()) >= 3 and not all(fit.values())     # the lie lets tiles over capacity through
+    kept = [t for t, _ in candidate_schedules(kernel.workload, "matmul", tiny, HOST)]
+    assert set(kept[1:]) == {t for t, ok in fit.items() if ok} - {kept[0]}   # the default is always point 0
+
+
+def test_the_search_never_returns_a_candidate_over_capacity(kernel, monkeypatch):
+    """The postprocessor re-counts every candidate the search draws: with the space's own filter bypassed
+    (every tile allowed) and the rule's check wrong, no candidate it hands to the measurer fails UB
+    verification, though the draws included tiles over capacity."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_ascendfuse.tune.search import tune_context
+
+    tiny = _lying_rule(monkeypatch)
+    fit = _fit_by_tiles(kernel.workload, tiny)
+    chooser = LeastDrawnTiles()
+    chooser.allowed = set(fit)
+    ctx = tune_context(kernel.workload, HOST, space_generator("matmul", tiny, HOST, chooser), "t", 1, 1)
+    n = len(fit)
+    ctx.pre_tuning(max_trials=n, num_trials_per_iter=n, design_spaces=ctx.generate_design_space(),
+                   database=ms.database.MemoryDatabase())
+    candidates = list(ctx.generate_measure_candidates())
+    ctx.post_tuning()
+    assert len(candidates) >= 3
+    for c in candidates:
+        assert ub_fits(c.sch.mod["main"], tiny)
+        VerifyUBCapacity(tiny)(c.sch.mod)                       # raises UBCapacityError on overflow
+    assert any(not fit[t] for t in chooser.drawn), "no draw was over capacity: the test shows nothing"
 
 
 def test_m_tail_with_a_constant_weight_keeps_the_matmul_rule(kernel, points):

@@ -13,10 +13,12 @@ from tvm import tirx
 
 from ..analysis.ub_usage import kernel_usage, normalize_scope_aliases
 from ..passbase import PyPass
+from ..progress import bar
 from ..report import FusionReport
 from ..target import AscendTarget, get_target
 from .analysis import reduction_kinds
 from .attention import AttentionRule
+from .base import Declined
 from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
 from .common import host_of
@@ -29,7 +31,7 @@ from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
 from .reduction import GemmNormRule, ReductionRule
-from .tuned import TunedRecordRule, open_database, records_dir
+from .tuned import tuned_rules
 
 # Most specific first. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
@@ -37,11 +39,10 @@ DEFAULT_RULES = (AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiG
                  PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
-def default_rules(target: AscendTarget) -> list:
-    """Tuned records for this target first (when ``schedules/<target>/`` holds a database), then the rules."""
-    folder = records_dir(target.name)
-    tuned = [TunedRecordRule(open_database(folder))] if folder is not None else []
-    return tuned + _rule_instances(DEFAULT_RULES)
+def default_rules(target: AscendTarget, host=None) -> list:
+    """Tuned records for this target and host CPU first (when ``schedules/<target>/<cpu>/`` holds a database),
+    then the rules."""
+    return tuned_rules(target.name, host)[0] + _rule_instances(DEFAULT_RULES)
 
 
 def product_blocks(func: tirx.PrimFunc) -> int:
@@ -82,10 +83,18 @@ class ApplyUBSchedules(PyPass):
         self.target = get_target(target) if not isinstance(target, AscendTarget) else target
         self.report = report
         self.host = host
-        self.rules = _rule_instances(rules if rules is not None else default_rules(self.target))
+        # without rules given: the records for the host CPU, looked up when the host is known (transform)
+        self.rules = _rule_instances(rules) if rules is not None else None
+        self.tuning: dict = {}   # what the report's ``tuning`` section says about the records
 
     def pass_name(self) -> str:
         return "AscendApplyUBSchedules"
+
+    def _rules(self, host) -> list:
+        if self.rules is None:
+            tuned, self.tuning = tuned_rules(self.target.name, host)
+            self.rules = tuned + _rule_instances(DEFAULT_RULES)
+        return self.rules
 
     def schedule_one(self, name: str, func: tirx.PrimFunc, host):
         """(new function, rule name, notes, rule errors) for one kernel; the function is unchanged when no rule
@@ -93,7 +102,7 @@ class ApplyUBSchedules(PyPass):
         notes, errors = [], []
         prepared = use_fast_math(normalize_scope_aliases(func))
         products = product_blocks(prepared)
-        for rule in self.rules:
+        for rule in self._rules(host):
             if products < rule.min_products:
                 continue
             try:
@@ -102,6 +111,9 @@ class ApplyUBSchedules(PyPass):
                 errors.append({"rule": rule.name, "message": _message(err)})
                 continue
             if result is None:
+                continue
+            if isinstance(result, Declined):
+                notes.append(f"{rule.name}: {result.reason}")
                 continue
             new = result.sch.mod["main"]
             if _symbolic_on_chip(name, new, self.target):
@@ -119,12 +131,15 @@ class ApplyUBSchedules(PyPass):
     def transform_module(self, mod):
         host = host_of(self.host)
         chosen, all_notes, all_errors = {}, {}, {}
-        for gv, func in list(mod.functions.items()):
-            if not isinstance(func, tirx.PrimFunc):
-                continue
-            if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
-                continue
-            new, rule, notes, errors = self.schedule_one(gv.name_hint, func, host)
+        todo = [(gv, func) for gv, func in mod.functions.items() if isinstance(func, tirx.PrimFunc)
+                and not (func.attrs is not None and "tirx.is_scheduled" in func.attrs)]
+        # on a terminal, a bar once scheduling takes more than two seconds (large models)
+        with bar(total=len(todo), desc="scheduling", unit="kernel", delay=2.0) as shown:
+            results = []
+            for gv, func in todo:
+                results.append((gv, func, *self.schedule_one(gv.name_hint, func, host)))
+                shown.update()
+        for gv, func, new, rule, notes, errors in results:
             chosen[gv.name_hint] = rule or "unscheduled"
             if notes:
                 all_notes[gv.name_hint] = notes
@@ -133,6 +148,9 @@ class ApplyUBSchedules(PyPass):
             if rule is not None:
                 mod[gv] = new
         if self.report is not None:
+            if self.tuning:
+                applied = sum(rule == "tuned" for rule in chosen.values())
+                self.report.sections["tuning"] = {**self.tuning, "kernels_tuned": applied}
             self.report.sections.setdefault("schedules", {}).update(chosen)
             if all_notes:
                 self.report.sections.setdefault("schedule_notes", {}).update(all_notes)

@@ -7,8 +7,9 @@ before it tries the next rule. A rule sizes its tiles from the AscendTarget (usa
 ``local.L0C``), and vectorises/parallelises for the llvm host.
 
 What a rule has to say about a schedule it made (the row block it chose, rows it could not stage) travels
-with the schedule: such a rule implements ``apply_with_note`` instead of ``apply``. Rules keep no state
-between calls.
+with the schedule: such a rule implements ``apply_with_note`` instead of ``apply``, and may also return
+``Declined(reason)`` there when the report should say why it said no (e.g. a tuned record for another CPU).
+Rules keep no state between calls.
 """
 
 from __future__ import annotations
@@ -34,20 +35,33 @@ class Scheduled:
     note: str | None = None
 
 
+@dataclass(frozen=True)
+class Declined:
+    """A decline the report should explain (``schedule_notes``); ``apply`` turns it into None."""
+
+    reason: str
+
+
 class ScheduleRule:
     """Subclass per kind of fused kernel; implement ``apply`` or ``apply_with_note``. ``name`` is what the
     report shows for a kernel."""
 
     name = "rule"
     min_products = 0    # GEMM-like blocks a kernel needs before the rule is worth trying (apply.py checks)
+    # A tunable rule (``ascendfuse tune`` searches it; ``tunable.py``) takes a ``tiles`` chooser in its
+    # constructor, calls ``tiles(sch, default, candidates)`` once where it fixes its tiles (``default``: its own
+    # choice; ``candidates()``: every choice that passes its capacity check, the default first, hashable and
+    # printable) and uses what it returns, and schedules a given traced schedule in place with
+    # ``schedule(sch, target, host)``.
+    tunable = False
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
         """A schedule of ``func``, or None to decline."""
         result = self.apply_with_note(func, target, host)
-        return None if result is None else result.sch
+        return result.sch if isinstance(result, Scheduled) else None
 
-    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        """``apply``, with the note the report shows for the kernel."""
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "Scheduled | Declined | None":
+        """``apply``, with the note the report shows for the kernel (or the reason it declined)."""
         if type(self).apply is ScheduleRule.apply:
             raise NotImplementedError(f"{type(self).__name__} implements neither apply nor apply_with_note")
         sch = self.apply(func, target, host)

@@ -25,6 +25,7 @@ class Conv2dRule(ScheduleRule):
     """NCHW conv2d + epilogue, register-blocked and UB-tiled (see ``conv_schedule.py``)."""
 
     name = "conv2d"
+    tunable = True      # register block and output-row blocks: ``tiles`` chooser (base.ScheduleRule)
 
     def __init__(self, **options):
         """``options``: the fields of ``ConvOptions`` (the defaults are the measured recipe). With ``tiles``

@@ -134,6 +134,7 @@ class MatmulRule(ScheduleRule):
     """GEMM + epilogue, register-blocked and UB-tiled (see module docstring)."""
 
     name = "matmul"
+    tunable = True      # register block (K chunk derived): ``tiles`` chooser (base.ScheduleRule)
     min_products = 1    # match_gemm needs free axes on both operands: a product block (analysis.is_product_block)
 
     def __init__(self, prepack: bool = True, stage_a: bool = False, tiles=None):

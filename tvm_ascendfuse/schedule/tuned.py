@@ -1,9 +1,13 @@
-"""Tuned records: a MetaSchedule database for the target wins over the built-in rules where it matches.
+"""Tuned records: a MetaSchedule database for the target and host CPU wins over the built-in rules where it
+matches.
 
-The database lives in ``schedules/<target name>/`` (``database_workload.json`` and
+The database lives in ``schedules/<target name>/<cpu>/`` (``database_workload.json`` and
 ``database_tuning_record.json``) of a source checkout, or under the folder named by the environment variable
-``ASCENDFUSE_SCHEDULES``. A workload is a kernel as the schedule phase sees it (after FuseTIR and the fast-math
-rewrite), so records tuned on these kernels match them structurally; kernels without a record keep the rules.
+``ASCENDFUSE_SCHEDULES``. ``<cpu>`` is the LLVM CPU the kernels are built for (the host target's ``mcpu``,
+e.g. ``znver4``; ``generic`` for ``--portable`` builds): a record holds that CPU's vector widths and register
+blocks, so records for another CPU are not applied, and the report's ``tuning`` section says which were left
+out. A workload is a kernel as the schedule phase sees it (after FuseTIR and the fast-math rewrite), so
+records tuned on these kernels match them structurally; kernels without a record keep the rules.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ from pathlib import Path
 
 import tvm
 
-from .base import ScheduleRule
+from .base import Declined, ScheduleRule, Scheduled
 
 SCHEDULES_ENV = "ASCENDFUSE_SCHEDULES"
 WORKLOADS_FILE = "database_workload.json"
 RECORDS_FILE = "database_tuning_record.json"
+GENERIC_CPU = "generic"      # the key of records built without an mcpu (``--portable``)
 
 
 # Attributes a workload keeps; the others (names, our scheduled flag) would make every lookup miss. TVM's
@@ -34,22 +39,61 @@ def workload_module(func) -> tvm.IRModule:
     return tvm.IRModule({"main": func})
 
 
-def records_dir(target_name: str) -> Path | None:
-    """The database folder for ``target_name`` if one with both files exists, else None."""
-    base = os.environ.get(SCHEDULES_ENV) or Path(__file__).resolve().parents[2] / "schedules"
-    folder = Path(base) / target_name
-    if (folder / WORKLOADS_FILE).is_file() and (folder / RECORDS_FILE).is_file():
-        return folder
-    return None
+def host_cpu(host) -> str:
+    """The CPU a host target generates code for (its ``mcpu``, ``generic`` without one): the records' key."""
+    if host is None:
+        return GENERIC_CPU
+    host = host if isinstance(host, tvm.target.Target) else tvm.target.Target(host)
+    mcpu = host.attrs.get("mcpu") if host.attrs is not None else None
+    return str(mcpu) if mcpu else GENERIC_CPU
 
 
-def open_database(folder: str | os.PathLike):
+def schedules_base() -> Path:
+    return Path(os.environ.get(SCHEDULES_ENV) or Path(__file__).resolve().parents[2] / "schedules")
+
+
+def _has_database(folder: Path) -> bool:
+    return (folder / WORKLOADS_FILE).is_file() and (folder / RECORDS_FILE).is_file()
+
+
+def records_dir(target_name: str, cpu: str) -> Path | None:
+    """The database folder for ``target_name`` on ``cpu`` if one with both files exists, else None."""
+    folder = schedules_base() / target_name / cpu
+    return folder if _has_database(folder) else None
+
+
+def find_records(target_name: str, cpu: str) -> tuple[Path | None, list[str]]:
+    """The database folder for this target and CPU (or None) and a note for each database of the target that
+    is left out because it was tuned for another CPU (or names none)."""
+    base = schedules_base() / target_name
+    notes = []
+    if base.is_dir():
+        for other in sorted(p for p in base.iterdir() if p.is_dir() and p.name != cpu and _has_database(p)):
+            notes.append(f"records in {other} are for CPU '{other.name}', this build is for '{cpu}': not applied")
+        if _has_database(base):
+            notes.append(f"records in {base} name no CPU (they belong in {base / cpu} when tuned for this "
+                         f"CPU): not applied")
+    return records_dir(target_name, cpu), notes
+
+
+def tuned_rules(target_name: str, host) -> tuple[list, dict]:
+    """The tuned-record rule for this target and host CPU (or none) and what the report's ``tuning`` section
+    says about it (empty when there is nothing to say)."""
+    cpu = host_cpu(host)
+    folder, notes = find_records(target_name, cpu)
+    if folder is None and not notes:
+        return [], {}
+    info = {"cpu": cpu, "records": str(folder) if folder is not None else None, "notes": notes}
+    return ([TunedRecordRule(open_database(folder), cpu)] if folder is not None else []), info
+
+
+def open_database(folder: str | os.PathLike, allow_missing: bool = False):
     from tvm.s_tir import meta_schedule as ms
 
     folder = Path(folder)
     register_intrinsics(folder / RECORDS_FILE)
     return ms.database.JSONDatabase(path_workload=str(folder / WORKLOADS_FILE),
-                                    path_tuning_record=str(folder / RECORDS_FILE), allow_missing=False)
+                                    path_tuning_record=str(folder / RECORDS_FILE), allow_missing=allow_missing)
 
 
 def register_intrinsics(records: Path) -> None:
@@ -64,12 +108,24 @@ def register_intrinsics(records: Path) -> None:
 
 
 class TunedRecordRule(ScheduleRule):
-    """The best record of the database for this exact kernel, or None."""
+    """The best record of the database for this exact kernel, or None. A record tuned for another CPU than
+    ``cpu`` is not applied (declined with the reason, which the report's ``schedule_notes`` show)."""
 
     name = "tuned"
 
-    def __init__(self, database):
+    def __init__(self, database, cpu: str | None = None):
         self.database = database
+        self.cpu = cpu
 
-    def apply(self, func, target, host):
-        return self.database.query_schedule(workload_module(func), target=host, workload_name="main")
+    def apply_with_note(self, func, target, host):
+        workload = workload_module(func)
+        if self.cpu is not None:
+            record = self.database.query_tuning_record(workload, target=host, workload_name="main")
+            if record is None:
+                return None
+            tuned_for = host_cpu(record.target)
+            if tuned_for != self.cpu:
+                return Declined(f"the record was tuned for CPU '{tuned_for}', this build is for "
+                                f"'{self.cpu}': not applied")
+        sch = self.database.query_schedule(workload, target=host, workload_name="main")
+        return None if sch is None else Scheduled(sch)

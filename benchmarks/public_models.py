@@ -1,0 +1,335 @@
+"""Public model definitions (torchvision, Hugging Face transformers) exported to ONNX for the benchmarks.
+
+    python benchmarks/public_models.py --list
+    python benchmarks/public_models.py resnet18 gpt2          # export into the cache (skipped when present)
+    python benchmarks/public_models.py all --force            # re-export everything
+
+Every model is the library's own definition with **random weights** (``weights=None`` / ``from_config``,
+seeded), batch 1, fp32; nothing is downloaded. torchvision CNNs go through the TorchScript exporter
+(``dynamo=False``, opset 17); Hugging Face models through the dynamo exporter (``dynamo=True``: the
+TorchScript one fails on transformers-5 attention masks). Transformers are exported as their base model
+(the last hidden state, no task head) with the token ids as the only input; a model's integer inputs are
+drawn below its vocabulary size, which the exported file records in its metadata (``INT_HIGH_KEY``).
+
+Needs the ``models`` extra (``pip install -e ".[models]"``); importing this module does not.
+The cache folder is ``$ASCENDFUSE_MODEL_CACHE`` or ``~/.cache/tvm_ascendfuse/public_models``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+INT_HIGH_KEY = "ascendfuse.int_input_high"   # ONNX metadata: integer inputs are drawn from [0, value)
+FAMILY_KEY = "ascendfuse.family"
+SEED = 0
+
+# ---------------------------------------------------------------------------------------------------------
+# The configurations, in one place. Sizes are those of the public checkpoints named in each comment unless
+# the comment says the model is shrunk (then it keeps the architecture's ratios: GQA, head size, FFN width).
+
+IMAGE = 224          # torchvision classifiers' resolution
+GPT2 = dict(seq=128)                           # GPT-2 small (124M): transformers' GPT2Config() defaults
+LLAMA = dict(                                  # a LLaMA-style decoder, shrunk: 4 layers of a ~1B-class
+    seq=256, hidden_size=1024,                 # model, GQA 16 query / 4 KV heads (head 64), SwiGLU 2816,
+    num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,   # RMSNorm, RoPE; vocabulary cut to
+    intermediate_size=2816, vocab_size=4096, max_position_embeddings=1024)  # 4096 (ids only index it)
+WHISPER_TINY = dict(                           # Whisper tiny's encoder (openai/whisper-tiny sizes): 4
+    d_model=384, encoder_layers=4, encoder_attention_heads=6,     # layers, 6 heads, FFN 1536, over an
+    encoder_ffn_dim=1536, num_mel_bins=80, max_source_positions=1500,   # 80 x 3000 log-mel input (30 s)
+    decoder_layers=4, decoder_attention_heads=6, decoder_ffn_dim=1536, frames=3000)
+BERT = dict(seq=128)                           # bert-base-uncased sizes: transformers' BertConfig() defaults
+DISTILBERT = dict(seq=128)                     # distilbert-base sizes: DistilBertConfig() defaults
+QWEN2 = dict(                                  # a Qwen2-style decoder, shrunk: 2 layers of Qwen2-0.5B's
+    seq=128, hidden_size=896, num_hidden_layers=2,          # width (896, 14 query / 2 KV heads, head 64,
+    num_attention_heads=14, num_key_value_heads=2,          # SwiGLU 4864, QKV biases); vocabulary cut to
+    intermediate_size=4864, vocab_size=8192, max_position_embeddings=1024)   # 8192
+
+
+@dataclass
+class PublicModel:
+    name: str
+    family: str                      # "cnn" or "transformer"
+    description: str
+    build: Callable[[], tuple[Any, tuple, list[str]]]   # -> (torch module in eval mode, example inputs, names)
+    dynamo: bool = False
+    int_high: int | None = None      # integer inputs are drawn from [0, int_high)
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Imports of the optional libraries
+
+def _torch():
+    try:
+        import torch
+    except ImportError as err:
+        raise SystemExit(f"the public models need torch (pip install -e '.[models]'): {err}") from None
+    return torch
+
+
+def import_torchvision():
+    """torchvision with CPU-only torch: registering its fake (meta) kernels for ops absent from this torch
+    build raises ``operator torchvision::nms does not exist``; those registrations only matter for
+    torch.compile, so a failing one is skipped."""
+    torch = _torch()
+    if "torchvision" in sys.modules:
+        return sys.modules["torchvision"]
+    original = torch.library.register_fake
+
+    def tolerant(*args, **kwargs):
+        try:
+            decorator = original(*args, **kwargs)
+        except RuntimeError:
+            return lambda fn: fn
+
+        def apply(fn):
+            try:
+                return decorator(fn)
+            except RuntimeError:
+                return fn
+        return apply
+
+    torch.library.register_fake = tolerant
+    try:
+        import torchvision
+    finally:
+        torch.library.register_fake = original
+    return torchvision
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as err:
+        raise SystemExit(f"the Hugging Face models need transformers (pip install -e '.[models]'): {err}") from None
+    return transformers
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Builders
+
+CALIBRATION_BATCH = 8   # random images whose batch statistics become the BatchNorm running statistics
+
+
+def calibrate_batchnorm(model, shape, torch) -> None:
+    """Set every BatchNorm's running mean/variance to the statistics of one random batch.
+
+    A freshly initialised torchvision CNN has running mean 0 / variance 1, so in eval mode its BatchNorms
+    normalise nothing: EfficientNet-B0's activations then shrink to ~1e-7 by the fourth stage (depthwise
+    convs initialised for their fan-out) and every SiLU/sigmoid runs in its linear range, which neither
+    exercises the nonlinearities in the agreement check nor lets the benchmark tell tensors apart by value.
+    Trained networks keep activations near unit scale; these statistics do the same for random weights."""
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None            # cumulative average: one batch sets the statistics exactly
+    model.train()
+    g = torch.Generator().manual_seed(SEED + 1)
+    with torch.no_grad():
+        model(torch.randn(CALIBRATION_BATCH, *shape[1:], generator=g))
+    model.eval()
+
+
+def _vision(arch: str, **kwargs):
+    def build():
+        torch = _torch()
+        tv = import_torchvision()
+        torch.manual_seed(SEED)
+        model = getattr(tv.models, arch)(weights=None, **kwargs)
+        calibrate_batchnorm(model, (1, 3, IMAGE, IMAGE), torch)
+        return model.eval(), (torch.randn(1, 3, IMAGE, IMAGE),), ["input"]
+    return build
+
+
+class _LastHidden:
+    """Wraps a transformers base model so the export has one tensor output (the last hidden state)."""
+
+    @staticmethod
+    def wrap(model):
+        torch = _torch()
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, x):
+                return self.inner(x, use_cache=False).last_hidden_state if _takes_cache(self.inner) \
+                    else self.inner(x).last_hidden_state
+
+        return Wrapper(model).eval()
+
+
+def _takes_cache(model) -> bool:
+    import inspect
+    return "use_cache" in inspect.signature(model.forward).parameters
+
+
+def _tokens(seq: int, vocab: int):
+    torch = _torch()
+    g = torch.Generator().manual_seed(SEED)
+    return torch.randint(0, vocab, (1, seq), generator=g, dtype=torch.int64)
+
+
+def _hf(model_cls: str, config_cls: str, config: dict, seq: int):
+    def build():
+        torch = _torch()
+        tf = _transformers()
+        torch.manual_seed(SEED)
+        cfg = getattr(tf, config_cls)(**config)
+        cfg._attn_implementation = "eager"
+        model = getattr(tf, model_cls)(cfg).eval()
+        return _LastHidden.wrap(model), (_tokens(seq, cfg.vocab_size),), ["input_ids"]
+    return build
+
+
+def _whisper_encoder():
+    torch = _torch()
+    tf = _transformers()
+    torch.manual_seed(SEED)
+    sizes = {k: v for k, v in WHISPER_TINY.items() if k != "frames"}
+    cfg = tf.WhisperConfig(**sizes)
+    cfg._attn_implementation = "eager"
+    encoder = tf.WhisperModel(cfg).get_encoder().eval()
+    mel = torch.randn(1, WHISPER_TINY["num_mel_bins"], WHISPER_TINY["frames"])
+    return _LastHidden.wrap(encoder), (mel,), ["input_features"]
+
+
+def _config_vocab(config_cls: str, config: dict) -> int:
+    return int(config.get("vocab_size") or getattr(_transformers(), config_cls)().vocab_size)
+
+
+def _llm(model_cls, config_cls, sizes):
+    cfg = {k: v for k, v in sizes.items() if k != "seq"}
+    return _hf(model_cls, config_cls, cfg, sizes["seq"])
+
+
+MODELS: dict[str, PublicModel] = {m.name: m for m in [
+    PublicModel("resnet18", "cnn", "torchvision ResNet-18, 224²", _vision("resnet18")),
+    PublicModel("resnet50", "cnn", "torchvision ResNet-50, 224²", _vision("resnet50")),
+    PublicModel("mobilenet_v2", "cnn", "torchvision MobileNetV2, 224²", _vision("mobilenet_v2")),
+    PublicModel("mobilenet_v3_large", "cnn", "torchvision MobileNetV3-Large, 224²", _vision("mobilenet_v3_large")),
+    PublicModel("efficientnet_b0", "cnn", "torchvision EfficientNet-B0, 224²", _vision("efficientnet_b0")),
+    PublicModel("regnet_y_800mf", "cnn", "torchvision RegNetY-800MF, 224²", _vision("regnet_y_800mf")),
+    PublicModel("densenet121", "cnn", "torchvision DenseNet-121, 224²", _vision("densenet121")),
+    PublicModel("convnext_tiny", "cnn", "torchvision ConvNeXt-Tiny, 224²", _vision("convnext_tiny")),
+    PublicModel("squeezenet1_1", "cnn", "torchvision SqueezeNet 1.1, 224²", _vision("squeezenet1_1")),
+    PublicModel("googlenet", "cnn", "torchvision GoogLeNet (Inception v1), 224²",
+                _vision("googlenet", aux_logits=False, init_weights=True)),
+    PublicModel("resnext50_32x4d", "cnn", "torchvision ResNeXt-50 32x4d, 224²", _vision("resnext50_32x4d")),
+    PublicModel("shufflenet_v2_x1_0", "cnn", "torchvision ShuffleNetV2 x1.0, 224²", _vision("shufflenet_v2_x1_0")),
+    PublicModel("swin_t", "transformer", "torchvision Swin-T, 224²", _vision("swin_t")),
+    PublicModel("vit_b_16", "transformer", "torchvision ViT-B/16, 224²", _vision("vit_b_16")),
+    PublicModel("gpt2", "transformer", f"transformers GPT-2 small (default config), seq {GPT2['seq']}",
+                _hf("GPT2Model", "GPT2Config", {}, GPT2["seq"]), dynamo=True,
+                int_high=None),
+    PublicModel("llama", "transformer",
+                f"transformers LLaMA-style, {LLAMA['num_hidden_layers']} layers, hidden {LLAMA['hidden_size']}, "
+                f"GQA {LLAMA['num_attention_heads']}/{LLAMA['num_key_value_heads']}, seq {LLAMA['seq']}",
+                _llm("LlamaModel", "LlamaConfig", LLAMA), dynamo=True, int_high=LLAMA["vocab_size"]),
+    PublicModel("whisper_tiny_encoder", "transformer", "transformers Whisper tiny encoder, 80x3000 mel",
+                _whisper_encoder, dynamo=True),
+    PublicModel("bert", "transformer", f"transformers BERT-base (default config), seq {BERT['seq']}",
+                _hf("BertModel", "BertConfig", {}, BERT["seq"]), dynamo=True),
+    PublicModel("distilbert", "transformer", f"transformers DistilBERT-base (default config), seq "
+                f"{DISTILBERT['seq']}", _hf("DistilBertModel", "DistilBertConfig", {}, DISTILBERT["seq"]),
+                dynamo=True),
+    PublicModel("qwen2", "transformer",
+                f"transformers Qwen2-style, {QWEN2['num_hidden_layers']} layers, hidden {QWEN2['hidden_size']}, "
+                f"GQA {QWEN2['num_attention_heads']}/{QWEN2['num_key_value_heads']}, seq {QWEN2['seq']}",
+                _llm("Qwen2Model", "Qwen2Config", QWEN2), dynamo=True, int_high=QWEN2["vocab_size"]),
+]}
+
+# Known failures of TVM 0.27 itself (its default pipeline), recorded by the benchmark next to the result.
+KNOWN_TVM_FAILURES = {"shufflenet_v2_x1_0", "swin_t"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ASCENDFUSE_MODEL_CACHE",
+                               Path.home() / ".cache" / "tvm_ascendfuse" / "public_models"))
+
+
+def model_path(name: str, folder: str | os.PathLike | None = None) -> Path:
+    return Path(folder or cache_dir()) / f"{name}.onnx"
+
+
+def export(name: str, folder: str | os.PathLike | None = None, force: bool = False, log=print) -> Path:
+    """Export ``name`` to ``<folder>/<name>.onnx`` unless that file exists (``force`` re-exports)."""
+    if name not in MODELS:
+        raise KeyError(f"unknown public model '{name}'; one of {', '.join(MODELS)}")
+    path = model_path(name, folder)
+    if path.is_file() and not force:
+        return path
+    spec = MODELS[name]
+    torch = _torch()
+    import onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    module, inputs, input_names = spec.build()
+    tmp = path.with_suffix(".tmp.onnx")
+    if spec.dynamo:
+        for p in module.parameters():      # inference export: no autograd state in the traced program
+            p.requires_grad_(False)
+        prog = torch.onnx.export(module, inputs, input_names=input_names, output_names=["output"],
+                                 opset_version=18, dynamo=True, external_data=False, verbose=False)
+        prog.save(str(tmp))
+    else:
+        # Not under no_grad: with gradients off, nn.MultiheadAttention (ViT) takes its fused fast path, an
+        # op the TorchScript exporter cannot write; the exported graph is the same either way.
+        torch.onnx.export(module, inputs, str(tmp), input_names=input_names, output_names=["output"],
+                          opset_version=17, dynamo=False)
+    model = onnx.load(str(tmp))
+    high = spec.int_high
+    if high is None and any(i.dtype in (torch.int64, torch.int32) for i in inputs):
+        high = int(module.inner.config.vocab_size)     # the token ids index the embedding table
+    meta = {FAMILY_KEY: spec.family}
+    if high is not None:
+        meta[INT_HIGH_KEY] = str(high)
+    for k, v in meta.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = k, v
+    onnx.save(model, str(tmp))
+    os.replace(tmp, path)
+    for extra in path.parent.glob(tmp.name + "*.data"):
+        extra.unlink()
+    log(f"exported {name} -> {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f} s)")
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("models", nargs="*", help="model names, or 'all'")
+    ap.add_argument("--list", action="store_true", help="list the models and exit")
+    ap.add_argument("--cache", default=None, help="folder for the .onnx files (default: the cache folder)")
+    ap.add_argument("--force", action="store_true", help="re-export even when the file exists")
+    args = ap.parse_args(argv)
+    if args.list or not args.models:
+        for m in MODELS.values():
+            print(f"{m.name:22} {m.family:12} {m.description}")
+        return 0
+    names = list(MODELS) if args.models == ["all"] else args.models
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"error: unknown model(s) {', '.join(unknown)}; use --list", file=sys.stderr)
+        return 2
+    failed = 0
+    for n in names:
+        try:
+            print(export(n, args.cache, args.force))
+        except Exception as err:  # noqa: BLE001 - one model failing to export must not stop the others
+            failed += 1
+            print(f"error: {n}: {type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""--verify: the build against an unfused reference on seeded inputs; a sabotaged kernel is found and named."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+import tvm_ffi
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax, s_tir, tirx
+
+import tvm_ascendfuse as af
+import tvm_ascendfuse.schedule.apply as schedule_apply
+from tvm_ascendfuse.schedule.base import ScheduleRule
+from tvm_ascendfuse.cli import main
+from tvm_ascendfuse.frontend import import_onnx
+from tvm_ascendfuse.schedule.attention_projection import AttentionProjectionRule
+from tvm_ascendfuse.verify import compare, make_inputs, onnxruntime_reference, verify_text
+from tvm_ascendfuse.workloads import (bert_layer, conv_bn_relu, focus_conv, llama_block, ln_linear_gelu, mlp3,
+                                      resnet50)
+
+pytest.importorskip("onnxruntime")
+
+SMALL = {
+    "W1": lambda: conv_bn_relu(in_channels=8, out_channels=16, hw=12),
+    "W2": lambda: resnet50(image=32, base_width=8, layers=(1, 1, 1, 1), num_classes=10),
+    "W3": lambda: bert_layer(seq=16, hidden=64, heads=4, ffn=128, mask=True),
+    "W4": lambda: ln_linear_gelu(rows=16, hidden=64, ffn=128),
+    "W5": lambda: focus_conv(hw=32),
+    "W6": lambda: mlp3(rows=8, width=64),
+    "W7": lambda: llama_block(seq=16, hidden=64, heads=4, ffn=96),
+}
+
+
+@pytest.mark.parametrize("wid", list(SMALL))
+def test_workloads_verify(wid):
+    model = SMALL[wid]()
+    result = af.compile_model(import_onnx(model), portable=True, verify=True,
+                              reference=onnxruntime_reference(model), reference_name="onnxruntime")
+    v = result.verification
+    assert v.ok, verify_text(v.to_dict())
+    assert v.reference == "onnxruntime" and result.report.sections["verify"]["ok"]
+    assert all(o.max_abs < 1e-3 for o in v.outputs)
+
+
+def _perturbed(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Every store into the kernel's output scaled by 1.01: a wrong schedule."""
+    out = func.params[-1]
+
+    def store(s):
+        if s.buffer.same_as(out):
+            return tirx.BufferStore(s.buffer, s.value * tirx.const(1.01, str(s.value.ty.dtype)), s.indices)
+        return s
+
+    return tvm_ffi.structural_map(func, (tirx.BufferStore, store))
+
+
+class SabotageRule(ScheduleRule):
+    """Schedules the attention + projection kernel as its rule does, then perturbs its output."""
+
+    name = "sabotage"
+
+    def __init__(self):
+        self.inner = AttentionProjectionRule()
+
+    def apply(self, func, target, host):
+        sch = self.inner.apply(func, target, host)
+        if sch is None:
+            return None
+        return s_tir.Schedule(tvm.IRModule({"main": _perturbed(sch.mod["main"])}))
+
+
+def test_sabotaged_kernel_is_named(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "llama.onnx"
+    onnx.save(SMALL["W7"](), str(path))
+    monkeypatch.setattr(schedule_apply, "DEFAULT_RULES", (SabotageRule,) + schedule_apply.DEFAULT_RULES)
+    out = tmp_path / "out"
+    status = main(["compile", str(path), "-o", str(out), "--portable", "--verify", "--no-traffic-baseline"])
+    printed = capsys.readouterr().out
+    assert status == 1
+    report = json.loads((out / "fusion_result.json").read_text())
+    ver = report["verify"]
+    assert not ver["ok"] and ver["reference"] == "onnxruntime"
+    bad = ver["bisection"]["first_bad_kernel"]
+    sabotaged = [k for k in report["kernels"] if k["rule"] == "sabotage"]
+    assert len(sabotaged) == 1 and len(report["kernels"]) == 3
+    assert bad["kernel"] == sabotaged[0]["name"] and bad["index"] == 1   # the FFN after it is not blamed
+    assert "softmax" in bad["ops"] and bad["rule"] == "sabotage"
+    assert "MISMATCH" in printed and bad["kernel"] in printed and "source ops: " in printed
+
+
+def test_clean_build_passes_through_cli(tmp_path, capsys):
+    path = tmp_path / "llama.onnx"
+    onnx.save(SMALL["W7"](), str(path))
+    assert main(["compile", str(path), "-o", str(tmp_path / "o"), "--portable", "--verify"]) == 0
+    assert "verify against onnxruntime (seed 0): OK" in capsys.readouterr().out
+
+
+def embedding_model(vocab=50, dim=8):
+    """ids (int64) -> Gather from a (vocab, dim) table -> Relu: out-of-range ids would be undefined."""
+    table = np.random.default_rng(0).standard_normal((vocab, dim)).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("Relu", ["e"], ["y"])], "emb",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 7, dim])], [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_token_ids_stay_below_the_vocabulary():
+    model = embedding_model(vocab=50)
+    mod = import_onnx(model)
+    arrays, info = make_inputs(mod, seed=3)
+    assert info[0]["range"] == "[0, 50)" and arrays[0].dtype == np.int64
+    assert arrays[0].min() >= 0 and arrays[0].max() < 50 and arrays[0].max() > 10
+    result = af.compile_model(mod, portable=True, verify=True, reference=onnxruntime_reference(model))
+    assert result.verification.ok
+
+
+def test_compare_tolerances():
+    ref = np.linspace(-10, 10, 100).astype("float32")
+    assert compare("y", ref + 1e-4, ref).ok                     # within atol scaled by max |ref| = 10
+    assert not compare("y", ref + 0.1, ref).ok
+    assert not compare("y", ref[:50], ref).ok                   # shape
+    nan = ref.copy()
+    nan[3] = np.nan
+    assert not compare("y", nan, ref).ok and compare("y", nan, nan).ok
+    ints = np.arange(5, dtype="int32")
+    assert compare("i", ints, ints).ok and not compare("i", ints + 1, ints).ok
+
+
+def test_tvm_default_reference_when_none_given():
+    mod = import_onnx(SMALL["W6"]())
+    result = af.compile_model(mod, portable=True, verify=True)
+    assert result.verification.ok and result.verification.reference == "tvm_default"

@@ -1,0 +1,163 @@
+"""PyTorch in: ``torch.export`` -> Relax with the weights bound as constants, ready for ``compile_model``.
+
+    mod = from_torch(model, (x,))                     # an nn.Module and example inputs
+    mod = import_exported_program("model.pt2")        # a file written by torch.export.save
+
+torch is an optional extra (``pip install .[torch]``); nothing else in the package imports this module.
+
+The exported program is translated *without* running torch's core-ATen decompositions first
+(``run_ep_decomposition=False``): then LayerNorm, GELU, Linear (``permute_dims`` + ``matmul``) and
+``scaled_dot_product_attention`` arrive as one Relax op each, the forms the graph-fusion passes work on
+(decomposed, SDPA becomes a dozen reshapes, broadcasts and a NaN guard). A program holding an op the
+translator only knows in decomposed form is retried with the decompositions.
+
+Two of TVM's converters for un-decomposed programs are replaced (``_CONVERTERS``): ``aten.batch_norm``
+(TVM reads its arguments in the order of ``_native_batch_norm_legit``, so inference BatchNorm came out in
+training mode with the momentum as epsilon) and ``scaled_dot_product_attention`` (TVM drops its ``scale``
+argument).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import ModelError, UnsupportedOpError
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ModelError("PyTorch is not installed; install the extra: pip install 'tvm_ascendfuse[torch]'") from None
+    return torch
+
+
+def _arg(node, index: int, name: str, default):
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _batch_norm(node, importer):
+    """``aten.batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, cudnn)``."""
+    import numpy as np
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    channels = int(importer.shape_of(x)[1])
+    dtype = x.ty.dtype.dtype if hasattr(x.ty.dtype, "dtype") else str(x.ty.dtype)
+
+    def param(i, fill):
+        ref = node.args[i] if len(node.args) > i else None
+        return importer.env[ref] if ref is not None else relax.const(np.full(channels, fill), dtype=dtype)
+
+    if _arg(node, 5, "training", False):
+        raise ModelError(f"BatchNorm '{node.name}' was exported in training mode (batch statistics); export the "
+                         "module after module.eval() (from_torch does this)")
+    out = importer.block_builder.emit(relax.op.nn.batch_norm(
+        x, param(1, 1.0), param(2, 0.0), param(3, 0.0), param(4, 1.0), axis=1,
+        epsilon=float(_arg(node, 7, "eps", 1e-5)), center=True, scale=True,
+        momentum=float(_arg(node, 6, "momentum", 0.1)), training=False))
+    return importer.block_builder.emit(out[0])
+
+
+def _sdpa(node, importer):
+    """``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` on
+    (batch, heads, seq, head_dim) tensors -> ``R.nn.attention`` (which takes batch, seq, heads, head_dim)."""
+    from tvm import relax
+
+    q, k, v = (importer.env[a] for a in node.args[:3])
+    mask = _arg(node, 3, "attn_mask", None)
+    if float(_arg(node, 4, "dropout_p", 0.0)) != 0.0:
+        raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' has dropout; export in eval mode")
+    if _arg(node, 7, "enable_gqa", False):
+        raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' uses enable_gqa, which the "
+                                 "importer does not support; repeat the key/value heads in the model instead")
+    if len(q.ty.shape) != 4:
+        raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' on {len(q.ty.shape)}-D inputs; "
+                                 "only (batch, heads, seq, head_dim) is supported")
+    bias = None
+    if mask is not None:
+        bias = importer.env[mask]
+        if "float" not in str(bias.ty.dtype):
+            raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' has a {bias.ty.dtype} mask; "
+                                     "only additive float masks are supported")
+    scale = _arg(node, 6, "scale", None)
+    bb = importer.block_builder
+    to_bsnh = lambda t: bb.emit(relax.op.permute_dims(t, [0, 2, 1, 3]))
+    out = bb.emit(relax.op.nn.attention(to_bsnh(q), to_bsnh(k), to_bsnh(v), bias=bias,
+                                        scale=float(scale) if scale is not None else None,
+                                        causal_mask="TopLeft" if _arg(node, 5, "is_causal", False) else None))
+    return to_bsnh(out)
+
+
+_CONVERTERS = {
+    "batch_norm.default": _batch_norm,
+    "scaled_dot_product_attention.default": _sdpa,
+}
+
+
+def import_exported_program(program, decompose: bool | None = None):
+    """An ``ExportedProgram`` (or the path of a ``torch.export.save`` file) -> Relax IRModule with the
+    weights as constants. ``decompose=None`` tries without torch's decompositions first (see the module
+    docstring); True/False forces one."""
+    torch = _torch()
+    if isinstance(program, (str, os.PathLike)):
+        program = load_exported_program(program)
+    if not isinstance(program, torch.export.ExportedProgram):
+        raise ModelError(f"expected a torch.export.ExportedProgram, got {type(program).__name__}")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    tries = [False, True] if decompose is None else [bool(decompose)]
+    for i, dec in enumerate(tries):
+        try:
+            return from_exported_program(program, run_ep_decomposition=dec, custom_convert_map=_CONVERTERS,
+                                         unwrap_unit_return_tuple=True)
+        except (ModelError, UnsupportedOpError):
+            raise
+        except Exception as err:  # noqa: BLE001 - the translator raises AssertionError/ValueError/KeyError...
+            if i + 1 < len(tries):
+                continue
+            text = (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
+            if "unsupported" in text.lower() or "not supported" in text.lower():
+                raise UnsupportedOpError(f"PyTorch import failed: {text}") from None
+            raise ModelError(f"PyTorch import failed: {type(err).__name__}: {text}") from None
+    raise AssertionError("unreachable")
+
+
+def load_exported_program(path: str | os.PathLike):
+    """Read a file written by ``torch.export.save`` (``.pt2``), with errors a user can act on."""
+    torch = _torch()
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"model file '{path}' does not exist")
+    try:
+        return torch.export.load(str(path))
+    except Exception as err:  # noqa: BLE001 - zipfile, pickle and torch errors for foreign or truncated files
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ModelError(f"'{path}' is not a readable torch.export program ({type(err).__name__}: {first})") \
+            from None
+
+
+def from_torch(module, example_args, dynamic_shapes=None, example_kwargs=None):
+    """``torch.export.export`` + Relax import: ``module`` with ``example_args`` (a tensor or a tuple of them)
+    -> IRModule for ``compile_model``. The module is exported in eval mode (dropout off, BatchNorm on its
+    running statistics) and put back in the mode it was in."""
+    torch = _torch()
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}")
+    if isinstance(example_args, torch.Tensor):
+        example_args = (example_args,)
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            program = torch.export.export(module, tuple(example_args), kwargs=example_kwargs,
+                                          dynamic_shapes=dynamic_shapes)
+    except Exception as err:  # noqa: BLE001 - torch.export raises many types (UserError, Unsupported, ...)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ModelError(f"torch.export failed: {type(err).__name__}: {first}") from None
+    finally:
+        module.train(was_training)
+    return import_exported_program(program)

@@ -1,0 +1,378 @@
+"""Equivalence of the fused build, checked by the tool itself.
+
+``verify_compiled`` runs the compiled model and an unfused reference (ONNX Runtime on the ONNX model, eager
+PyTorch on an exported program, or TVM's default pipeline on the module as imported) on the same seeded
+random inputs and compares every output against a tolerance for its dtype. On a mismatch it *bisects*: the
+executable runs again with the VM's instrumentation hook capturing every kernel call's inputs and outputs,
+and each kernel's unscheduled PrimFunc (the same fused ops, as FuseTIR made them, lowered by TVM without our
+schedule) runs on exactly those inputs. The first kernel in execution order whose output differs is named
+with its source ops; a kernel after it that is right on its (wrong) inputs is not blamed.
+
+Inputs: floats standard normal; integers used as gather indices (``take``: token ids into an embedding)
+drawn below the gathered axis's size, other integers 0 or 1, booleans random. Symbolic dims take their
+declared upper bound (capped at ``SYMBOLIC_DIM``) or ``SYMBOLIC_DIM``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+import tvm
+from tvm import relax
+
+from .errors import ModelError
+from .progress import bar
+
+# (rtol, atol) per dtype; atol scales with the reference output's largest magnitude (at least 1), so the
+# check means the same for a logit in the tens as for a normalised activation.
+TOLERANCE = {"float64": (1e-7, 1e-7), "float32": (1e-3, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)}
+SYMBOLIC_DIM = 8
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+NO_OP, SKIP_RUN = int(relax.VMInstrumentReturnKind.NO_OP), int(relax.VMInstrumentReturnKind.SKIP_RUN)
+
+
+def tolerance(dtype: str) -> tuple[float, float]:
+    """(rtol, atol) for ``dtype``: 0 for integer and boolean outputs (they must be equal)."""
+    return TOLERANCE.get(str(dtype), (0.0, 0.0))
+
+
+@dataclass
+class Comparison:
+    name: str
+    dtype: str
+    shape: tuple
+    max_abs: float
+    max_rel: float       # max |ours - ref| / max |ref|
+    rtol: float
+    atol: float
+    ok: bool
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "max_abs": self.max_abs,
+                "max_rel": self.max_rel, "rtol": self.rtol, "atol": self.atol, "ok": self.ok}
+
+
+def compare(name: str, ours: np.ndarray, ref: np.ndarray) -> Comparison:
+    ours, ref = np.asarray(ours), np.asarray(ref)
+    dtype = str(ref.dtype)
+    rtol, atol = tolerance(dtype)
+    if ours.shape != ref.shape:
+        return Comparison(name, dtype, ref.shape, float("inf"), float("inf"), rtol, atol, False)
+    a, b = ours.astype("float64"), ref.astype("float64")
+    finite = np.isfinite(a) & np.isfinite(b)
+    diff = np.abs(a - b, where=finite, out=np.zeros_like(a))
+    scale = float(np.max(np.abs(b[np.isfinite(b)]), initial=0.0))
+    bound = atol * max(1.0, scale) + rtol * np.abs(np.where(finite, b, 0.0))
+    # NaN where the reference has NaN, the same infinity where it has one, otherwise within the bound
+    same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & np.isinf(b) & (a == b))
+    ok = bool(np.all(same_special | (finite & (diff <= bound))))
+    max_abs = float(np.max(diff, initial=0.0)) if np.all(finite | same_special) else float("inf")
+    return Comparison(name, dtype, ref.shape, max_abs, max_abs / scale if scale else max_abs, rtol, atol, ok)
+
+
+# ---- inputs -------------------------------------------------------------------------------------------
+def _static(dim, bounds) -> int:
+    if isinstance(dim, tvm.tirx.IntImm):
+        return int(dim)
+    name = getattr(dim, "name", None)
+    upper = bounds.get(name)
+    return min(int(upper), SYMBOLIC_DIM) if upper is not None else SYMBOLIC_DIM
+
+
+def _index_bounds(func: relax.Function) -> dict:
+    """Param -> exclusive upper bound of its values where the param (through layout ops and casts) is the
+    indices of a ``take`` with a static gathered axis."""
+    var2val = relax.analysis.get_var2val(func)
+    # layout ops, casts, and the ONNX importer's negative-index wrap where(ids < 0, ids + n, ids)
+    passthrough = {"relax.astype", "relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.permute_dims",
+                   "relax.flatten", "relax.where", "relax.add", "relax.clip"}
+    params = set(func.params)
+
+    def root(expr, depth=0):
+        if expr in params:
+            return expr
+        val = var2val.get(expr) if isinstance(expr, relax.Var) else None
+        if depth > 8 or not (isinstance(val, relax.Call) and isinstance(val.op, tvm.ir.Op)
+                             and val.op.name in passthrough):
+            return None
+        args = val.args[1:] if val.op.name == "relax.where" else val.args
+        found = {r for r in (root(a, depth + 1) for a in args) if r is not None}
+        return found.pop() if len(found) == 1 else None
+
+    bounds: dict = {}
+    for val in var2val.values():
+        if isinstance(val, relax.Call) and isinstance(val.op, tvm.ir.Op) and val.op.name == "relax.take":
+            p = root(val.args[1])
+            table = val.args[0].ty
+            if p is None or not isinstance(table, relax.TensorType) or table.shape is None:
+                continue
+            axis = int(val.attrs.axis) if val.attrs.axis is not None else 0
+            dim = table.shape[axis % len(table.shape)]
+            if isinstance(dim, tvm.tirx.IntImm):
+                bounds[p] = min(bounds.get(p, int(dim)), int(dim))
+    return bounds
+
+
+def make_inputs(mod: tvm.IRModule, seed: int = 0, func: str = "main") -> tuple[list[np.ndarray], list[dict]]:
+    """Seeded inputs for ``mod[func]`` and a description of each (name, shape, dtype, range)."""
+    f = mod[func]
+    attrs = f.attrs or {}
+    bounds = {str(k): int(v) for k, v in dict(attrs.get("tir_var_upper_bound", {})).items()}
+    index_bounds = _index_bounds(f)
+    rng = np.random.default_rng(seed)
+    arrays, info = [], []
+    for p in f.params:
+        ty = p.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise ModelError(f"input '{p.name}' is not a tensor of known rank; --verify cannot make inputs for it")
+        shape = tuple(_static(d, bounds) for d in ty.shape)
+        dtype = str(ty.dtype)
+        if dtype == "bool":
+            arr, rng_text = rng.integers(0, 2, shape).astype(bool), "{0, 1}"
+        elif dtype.startswith(("int", "uint")):
+            high = index_bounds.get(p, 2)
+            arr, rng_text = rng.integers(0, high, shape).astype(dtype), f"[0, {high})"
+        else:
+            arr, rng_text = rng.standard_normal(shape).astype(dtype), "normal(0, 1)"
+        arrays.append(arr)
+        info.append({"name": p.name, "shape": list(shape), "dtype": dtype, "range": rng_text})
+    return arrays, info
+
+
+# ---- references ---------------------------------------------------------------------------------------
+def _as_list(res) -> list[np.ndarray]:
+    if hasattr(res, "numpy"):
+        return [res.numpy()]
+    if isinstance(res, np.ndarray):
+        return [res]
+    out = []
+    for r in res:
+        out += _as_list(r)
+    return out
+
+
+def run_executable(executable, inputs, func: str = "main", instrument=None) -> list[np.ndarray]:
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    if instrument is not None:
+        vm.set_instrument(instrument)
+    return _as_list(vm[func](*[tvm.runtime.tensor(x) for x in inputs]))
+
+
+def tvm_default_reference(mod: tvm.IRModule) -> Callable:
+    """TVM's default CPU pipeline on ``mod``: its own fusion and lowering, none of ours."""
+    target = tvm.target.Target("llvm")
+    ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    return lambda inputs: run_executable(ex, inputs)
+
+
+def onnxruntime_reference(model) -> Callable | None:
+    """ONNX Runtime on the ONNX model (graph optimisations off: the unfused reference); None if not installed."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    data = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    return lambda inputs: [np.asarray(o) for o in sess.run(None, dict(zip(names, inputs)))]
+
+
+def torch_reference(program) -> Callable:
+    """Eager PyTorch on a ``torch.export`` program."""
+    import torch
+
+    module = program.module()
+
+    def run(inputs):
+        with torch.no_grad():
+            out = module(*[torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
+        flat = out if isinstance(out, (list, tuple)) else [out]
+        return [t.detach().numpy() for t in flat]
+
+    return run
+
+
+# ---- bisection ----------------------------------------------------------------------------------------
+def _kernel_calls(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, list[bool], int]]:
+    """(kernel name, per-argument 'is a constant', number of outputs) for each call_tir, in binding order."""
+    calls = []
+    for block in mod[func].body.blocks:
+        for b in block.bindings:
+            val = b.value
+            if isinstance(val, relax.Call) and val.op.same_as(_CALL_TIR):
+                args = list(val.args[1].fields) if isinstance(val.args[1], relax.Tuple) else [val.args[1]]
+                outs = val.ty.fields if isinstance(val.ty, relax.TupleType) else [val.ty]
+                calls.append((val.args[0].name_hint, [isinstance(a, tvm.ir.GenericConst) for a in args], len(outs)))
+    return calls
+
+
+class _Capture:
+    """VM instrument: after each kernel call (``calls``: the build's call_tir list, in order), copies of its
+    arguments, inputs then outputs; constant inputs (weights) are not copied."""
+
+    def __init__(self, calls: list):
+        self.expected = calls
+        self.names = {name for name, _, _ in calls}
+        self.calls: list[tuple[str, list]] = []
+
+    def __call__(self, func, symbol, before_run, ret_value, *args):
+        if not before_run and symbol in self.names:
+            i = len(self.calls)
+            consts = self.expected[i][1] if i < len(self.expected) else []
+            self.calls.append((symbol, [None if j < len(consts) and consts[j] else
+                                        (a.numpy() if hasattr(a, "numpy") else None) for j, a in enumerate(args)]))
+        return NO_OP
+
+
+class _Replay:
+    """VM instrument on the unscheduled build: before kernel i, its non-constant inputs are overwritten with
+    ours; after it, its outputs are compared with ours. Kernels after the first difference are skipped."""
+
+    def __init__(self, plan: list, on_result):
+        self.plan, self.on_result = plan, on_result
+        self.names = {p[0] for p in plan}
+        self.index = 0
+        self.done = False
+
+    def __call__(self, func, symbol, before_run, ret_value, *args):
+        if self.done:
+            return SKIP_RUN if before_run and symbol in self.names else NO_OP
+        if self.index >= len(self.plan) or symbol != self.plan[self.index][0]:
+            return NO_OP
+        _, consts, n_out, ours_args = self.plan[self.index]
+        n_in = len(args) - n_out
+        if before_run:
+            for i in range(n_in):
+                src = ours_args[i]
+                if not consts[i] and src is not None and hasattr(args[i], "copyfrom") \
+                        and tuple(args[i].shape) == src.shape:
+                    args[i].copyfrom(src)
+            return NO_OP
+        diffs = [compare(f"output {j}", ours_args[n_in + j], args[n_in + j].numpy()) for j in range(n_out)]
+        self.index += 1
+        self.done = bool(self.on_result(self.index - 1, diffs))
+        return NO_OP
+
+
+def bisect(result, inputs, func: str = "main") -> dict:
+    """The first kernel (execution order) whose output differs from its unscheduled PrimFunc on the same
+    inputs, with its source ops; or a note that every kernel agrees on its own inputs."""
+    from .pipeline import lowering_phase
+
+    scheduled = _kernel_calls(result.scheduled_module, func)
+    unscheduled = _kernel_calls(result.fused_module, func)
+    rows = {k["name"]: k for k in result.report.kernels}
+    if len(scheduled) != len(unscheduled):
+        return {"error": f"cannot pair kernels: {len(scheduled)} calls in the build, {len(unscheduled)} before "
+                         "scheduling"}
+    host = result.host_target
+    with host:
+        reference = tvm.compile(result.fused_module, target=host,
+                                relax_pipeline=tvm.transform.Sequential(lowering_phase(host)))
+    capture = _Capture(scheduled)
+    run_executable(result.executable, inputs, func, capture)
+    if len(capture.calls) != len(scheduled):
+        return {"error": f"captured {len(capture.calls)} kernel calls, expected {len(scheduled)}"}
+    plan = []
+    for (name, consts, n_out), (ref_name, ref_consts, _), (_, args) in zip(scheduled, unscheduled, capture.calls):
+        plan.append((ref_name, [a or b for a, b in zip(consts, ref_consts)], n_out, args))
+    found: dict[str, Any] = {}
+    worst = {"max_rel": -1.0}
+
+    shown = bar(total=len(plan), desc="bisecting", unit="kernel", delay=2.0)
+
+    def on_result(i, diffs):
+        shown.update()
+        name = scheduled[i][0]
+        bad = [d for d in diffs if not d.ok]
+        rel = max((d.max_rel for d in diffs), default=0.0)
+        if rel > worst["max_rel"]:
+            worst.update(max_rel=rel, kernel=name)
+        if bad:
+            row = rows.get(name, {})
+            found.update(kernel=name, index=i, ops=row.get("ops", []), pattern=row.get("pattern"),
+                         rule=row.get("rule"), unscheduled_kernel=plan[i][0], outputs=[d.to_dict() for d in diffs])
+            return True
+        return False
+
+    try:
+        run_executable(reference, inputs, func, _Replay(plan, on_result))
+    finally:
+        shown.close()
+    if found:
+        return {"first_bad_kernel": found, "kernels_checked": found["index"] + 1}
+    return {"first_bad_kernel": None, "kernels_checked": len(plan),
+            "note": "every kernel matches its unscheduled form on its own inputs; the difference builds up across "
+                    f"kernels (largest relative error in {worst.get('kernel')}: {worst['max_rel']:.3g})"}
+
+
+# ---- the check ----------------------------------------------------------------------------------------
+@dataclass
+class VerifyResult:
+    ok: bool
+    reference: str
+    seed: int
+    inputs: list[dict]
+    outputs: list[Comparison]
+    bisection: dict | None = None
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = {"ok": self.ok, "reference": self.reference, "seed": self.seed, "inputs": self.inputs,
+               "outputs": [c.to_dict() for c in self.outputs], "seconds": round(self.seconds, 2)}
+        if self.bisection is not None:
+            out["bisection"] = self.bisection
+        return out
+
+
+def verify_compiled(result, original: tvm.IRModule, reference: Callable | None = None,
+                    reference_name: str | None = None, seed: int = 0, func: str = "main") -> VerifyResult:
+    """Compare ``result`` (a ``CompileResult``) with ``reference`` (inputs -> outputs; default TVM's default
+    pipeline on ``original``) on seeded inputs; bisect on a mismatch. Also written into the result's report
+    (section ``verify``)."""
+    t0 = time.perf_counter()
+    inputs, info = make_inputs(original, seed, func)
+    if reference is None:
+        reference, reference_name = tvm_default_reference(original), "tvm_default"
+    ours = run_executable(result.executable, inputs, func)
+    refs = reference(inputs)
+    names = [f"output {i}" for i in range(len(refs))]
+    outputs = [compare(n, o, r) for n, o, r in zip(names, ours, refs)]
+    if len(ours) != len(refs):
+        outputs.append(Comparison("output count", "-", (len(ours),), float("inf"), float("inf"), 0, 0, False))
+    ok = all(c.ok for c in outputs)
+    bisection = None if ok else bisect(result, inputs, func)
+    res = VerifyResult(ok, reference_name or "reference", seed, info, outputs, bisection,
+                       time.perf_counter() - t0)
+    result.report.sections["verify"] = res.to_dict()
+    return res
+
+
+def verify_text(section: dict) -> str:
+    """The verify lines of the terminal summary."""
+    lines = [f"verify against {section['reference']} (seed {section['seed']}): "
+             f"{'OK' if section['ok'] else 'MISMATCH'}"]
+    for o in section["outputs"]:
+        lines.append(f"  {o['name']:10s} {o['dtype']:8s} max abs {o['max_abs']:.3g}  max rel {o['max_rel']:.3g}  "
+                     f"(rtol {o['rtol']:g}, atol {o['atol']:g})  {'ok' if o['ok'] else 'MISMATCH'}")
+    b = section.get("bisection")
+    if b:
+        bad = b.get("first_bad_kernel")
+        if bad:
+            worst = max(bad["outputs"], key=lambda d: d["max_abs"])
+            lines.append(f"  first kernel that differs from its unfused ops: {bad['kernel']} "
+                         f"(#{bad['index'] + 1} in execution order, rule {bad.get('rule')}, pattern "
+                         f"{bad.get('pattern')}; max abs {worst['max_abs']:.3g})")
+            lines.append(f"    source ops: {' + '.join(bad['ops'])}")
+        elif "error" in b:
+            lines.append(f"  bisection not possible: {b['error']}")
+        else:
+            lines.append(f"  {b['note']}")
+    return "\n".join(lines)
