@@ -343,3 +343,26 @@ def test_never_fails_on_opaque_tir():
 
     sch = FallbackRule().apply(opaque.with_attr("global_symbol", "main"), NPU, NATIVE)
     assert sch is None or sch.mod["main"] is not None
+
+
+# ---- integer and bool kernels on every path ------------------------------------------------------------
+INT_CASES = {
+    "transpose_int32": ([(50, 33)], "int32", lambda a: op.permute_dims(a, [1, 0])),
+    "transpose_int8": ([(2, 48, 32, 24)], "int8", lambda a: op.permute_dims(a, [0, 2, 3, 1])),
+    "transpose_bool": ([(64, 96)], "bool", lambda a: op.permute_dims(a, [1, 0])),
+    "broadcast_int8_odd": ([(33, 1001), (1001,)], "int8", lambda a, b: op.add(a, b)),
+    "broadcast_int32_column": ([(64, 37), (64, 1)], "int32", lambda a, b: op.multiply(a, b)),
+    "bool_and_odd": ([(17, 130), (130,)], "bool", lambda a, b: op.logical_and(a, b)),
+    "sum_int8_rows": ([(24, 257)], "int32", lambda a: op.sum(op.astype(a, "int8"), axis=[1])),
+    "max_int32_cols": ([(257, 24)], "int32", lambda a: op.max(a, axis=[0])),
+    "compare_to_int": ([(64, 1000), (64, 1000)], "float32",
+                       lambda a, b: op.astype(op.greater(a, b), "int32")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INT_CASES))
+def test_integer_and_bool_kernels_are_exact(case):
+    shapes, dtype, build = INT_CASES[case]
+    mod, note = schedule(build, shapes, dtype)
+    if dtype == "bool":
+        assert vector_widths(mod) == [], note
