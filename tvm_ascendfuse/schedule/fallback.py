@@ -30,10 +30,12 @@ stores are never vectorised (``common.vector_storable``). Each block is schedule
 and the copy is kept only when every step went through: a primitive TVM refuses leaves that block as the
 previous path left it, so the rule always returns a valid schedule and never fails a build.
 
-TVM's own CPU rules (``tvm.s_tir.dlight.cpu``: ``GEMV`` and ``Reduction``) are not used: measured on the
-kernels that reach this rule they are slower by construction where they apply (``GEMV`` vectorises across
-the rows, a gather per lane; ``Reduction`` sums each row in scalar order and refuses kernels with a second
-output before the reduction, the form that reaches the fallback); see ``DLIGHT_NOTE``.
+TVM's own CPU rules (``tvm.s_tir.dlight.cpu``: ``GEMV`` and ``Reduction``) are not handed any kernel: they
+decline most kernels that reach this rule (a conv with its padding and epilogue, a norm's two reductions
+and their consumers, a reduction with a second output; of the public models' fallback kernels they took
+only Whisper's conv1d), and where they do apply (a GEMV, a softmax, a conv1d) they measured slower than
+this rule's paths and than the unscheduled kernel (``GEMV`` vectorises across rows, a gather per lane;
+``Reduction`` sums each row in scalar order).
 """
 
 from __future__ import annotations
@@ -59,8 +61,6 @@ from .strides import accesses, stride, strides
 MIN_PARALLEL_WORK = 16384
 # Shortest loop worth a vector of its own (shorter ones are left to LLVM, which unrolls them).
 MIN_VECTOR = 4
-
-DLIGHT_NOTE = "dlight.cpu rules not used (see module docstring)"
 
 
 @dataclass
