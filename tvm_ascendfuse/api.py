@@ -40,6 +40,9 @@ def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", 
     host = npu.host_target(portable=portable)
     pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline)
     ex = build(mod, host, pipeline, jobs=jobs)
+    if mod.attrs is not None and "ascendfuse.frontend" in mod.attrs:
+        # what the ONNX frontend repaired before import (frontend.import_onnx)
+        pipeline.report.sections["frontend"] = _plain(mod.attrs["ascendfuse.frontend"])
     snaps = pipeline.snapshots
     result = CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)
     if verify:
@@ -47,3 +50,14 @@ def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", 
 
         result.verification = verify_compiled(result, mod, reference, reference_name)
     return result
+
+
+def _plain(value):
+    """A TVM attribute value (Map/Array/String/IntImm) as plain Python, for the JSON report."""
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return [_plain(v) for v in value]
+    if hasattr(value, "value"):
+        return value.value
+    return value if isinstance(value, (int, float, bool)) else str(value)

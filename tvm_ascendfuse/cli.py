@@ -3,6 +3,7 @@ library + report.
 
     ascendfuse compile MODEL.onnx|MODEL.pt2 [--target ascend910b|FILE] [--fusion-switch FILE] [-o OUTDIR]
                                    [--portable] [--no-traffic-baseline] [--verify] [--html] [--quiet]
+                                   [--no-shape-folding]
     ascendfuse patterns            list switchable passes and pattern names
     ascendfuse report FILE [--html [-o PAGE]]   print the summary of a fusion_result.json (or write its page)
     ascendfuse workload NAME -o F  write one of the built-in example models as ONNX
@@ -92,8 +93,9 @@ def traffic_text(report: dict) -> str:
     return table + ("\n" + "; ".join(notes) if notes else "")
 
 
-def import_model(path: Path):
-    """(Relax module, reference for --verify or None, reference name): ONNX, or a torch.export file."""
+def import_model(path: Path, fold_shapes: bool = True):
+    """(Relax module, reference for --verify or None, reference name): ONNX, or a torch.export file.
+    ``fold_shapes``: fold ONNX shape computations on static tensors before import (``frontend.import_onnx``)."""
     if path.suffix.lower() in TORCH_SUFFIXES:
         from .torch_frontend import import_exported_program, load_exported_program
         from .verify import torch_reference
@@ -104,7 +106,7 @@ def import_model(path: Path):
     from .verify import onnxruntime_reference
 
     proto = load_onnx(path)
-    return import_onnx(proto), lambda: onnxruntime_reference(proto), "onnxruntime"
+    return import_onnx(proto, fold_shapes=fold_shapes), lambda: onnxruntime_reference(proto), "onnxruntime"
 
 
 def cmd_compile(args) -> int:
@@ -124,7 +126,7 @@ def cmd_compile(args) -> int:
         switches = FusionSwitches.from_file(args.fusion_switch)
     outdir = Path(args.output)
     _check_writable(outdir)
-    mod, make_reference, reference_name = import_model(model_path)
+    mod, make_reference, reference_name = import_model(model_path, fold_shapes=not args.no_shape_folding)
     ops_before = relax_op_count(mod)
     t0 = time.perf_counter()
     result = compile_model(mod, target=target, switches=switches, portable=args.portable,
@@ -288,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "random inputs; on a mismatch name the first kernel that differs (exit code 1)")
     c.add_argument("--html", action="store_true", help="also write fusion_report.html (graphs, kernels, refusals)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    c.add_argument("--no-shape-folding", action="store_true",
+                   help="import the ONNX graph as TVM does, without folding shape computations on static "
+                        "tensors first (see tvm_ascendfuse/onnx_shapes.py)")
     c.set_defaults(func=cmd_compile)
     sub.add_parser("patterns", help="list passes, patterns and their switch names").set_defaults(func=cmd_patterns)
     r = sub.add_parser("report", help="print the summary of a fusion_result.json")

@@ -17,6 +17,11 @@ class ModelError(AscendFuseError):
     """An input model cannot be read or imported."""
 
 
+class UnsafeModelError(ModelError):
+    """A model refused before its data is read: external data outside the model's folder, or tensors that
+    declare more bytes than the model provides."""
+
+
 class UnsupportedOpError(AscendFuseError):
     """The model uses an operator that the importer or a pass cannot handle."""
 
@@ -50,6 +55,7 @@ def _keep_type_across_tvm_ffi() -> None:
 
         tvm_ffi.register_error("UBCapacityError", UBCapacityError)
         tvm_ffi.register_error("PatternCheckError", PatternCheckError)
+        tvm_ffi.register_error("UnsupportedOpError", UnsupportedOpError)
     except (ImportError, AttributeError):
         pass
 

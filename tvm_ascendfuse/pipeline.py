@@ -16,7 +16,9 @@ from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
 from .analysis.verify_ub import VerifyUBCapacity
 from .graph_fusion import GRAPH_FUSION_PASSES, MatMulSiblingMergeFusionPass
 from .graph_fusion.safe_fold import SafeFoldConstant
+from .errors import AscendFuseError
 from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
+from .legalize import explain_failure
 from .passbase import PyPass
 from .progress import bar
 from .report import FusionReport
@@ -158,8 +160,18 @@ class AscendFusePipeline(PyPass):
         with tvm_target, bar(total=len(phases), desc="compile", unit="phase", delay=2.0) as shown:
             for name, passes in phases:
                 shown.set_postfix_str(name)
-                mod = tvm.transform.Sequential(passes)(mod)
-                self.snapshots[name] = mod
+                try:
+                    new = tvm.transform.Sequential(passes)(mod)
+                except AscendFuseError:
+                    raise
+                except Exception:
+                    # an op TVM cannot lower (input shape known only at run time) fails somewhere inside
+                    # TVM; name it instead (legalize.py). Anything else is raised as it is.
+                    explained = explain_failure(mod) if name in ("graph_fusion", "ub_fusion") else None
+                    if explained is None:
+                        raise
+                    raise explained from None
+                mod = self.snapshots[name] = new
                 shown.update()
         return mod
 

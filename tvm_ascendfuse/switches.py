@@ -48,6 +48,7 @@ SOFTMAX = "SoftmaxFusionPass"
 SWISH = "SwishFusionPass"
 SDPA_ATTENTION = "ScaledDotProductAttentionFusionPass"
 TRANSPOSE_CHAIN = "TransposeChainFusionPass"
+STATIC_SHAPE = "StaticShapeCanonicalizePass"
 # UB fusion: pattern families (patterns/)
 TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
 TBE_MATMUL_ELEMWISE = "TbeMatmulElemwiseFusionPass"
@@ -86,6 +87,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "write one-op attention (PyTorch SDPA) as Q.K^T, scale, mask, softmax, .V so the attention "
                "kernels fuse it with its projections"),
     SwitchInfo(TRANSPOSE_CHAIN, GRAPH_FUSION, "collapse consecutive transposes (permute_dims) into one, or none"),
+    SwitchInfo(STATIC_SHAPE, GRAPH_FUSION,
+               "shape arithmetic on static tensors evaluated: dynamic slices/reshapes get static shapes "
+               "(repairs models TVM cannot legalize)"),
     SwitchInfo(TBE_CONV_ELEMWISE, UB_FUSION,
                "conv2d + bias/batch_norm + activation (+ residual add) as one kernel: the epilogue runs on the "
                "cube's output block in UB"),

@@ -19,6 +19,7 @@ argument).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -126,6 +127,26 @@ def import_exported_program(program, decompose: bool | None = None):
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def _weights_only_unpickling():
+    """Every ``torch.load`` inside runs with torch's restricted (weights-only) unpickler.
+
+    A ``.pt2`` keeps its weights and constants as torch pickles, and ``torch.export.load`` retries a payload
+    its weights-only loader refuses with the full unpickler, which runs whatever code the file names. A model
+    file is input from anywhere: torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch turns that retry into a
+    second refusal, so a foreign object in the file is an error, never code run."""
+    key = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def load_exported_program(path: str | os.PathLike):
     """Read a file written by ``torch.export.save`` (``.pt2``), with errors a user can act on."""
     torch = _torch()
@@ -133,7 +154,8 @@ def load_exported_program(path: str | os.PathLike):
     if not path.is_file():
         raise ModelError(f"model file '{path}' does not exist")
     try:
-        return torch.export.load(str(path))
+        with _weights_only_unpickling():
+            return torch.export.load(str(path))
     except Exception as err:  # noqa: BLE001 - zipfile, pickle and torch errors for foreign or truncated files
         first = (str(err).strip().splitlines() or [""])[0]
         raise ModelError(f"'{path}' is not a readable torch.export program ({type(err).__name__}: {first})") \

@@ -1,9 +1,10 @@
-"""ONNX backend node conformance cases for the fusion-relevant ops, generated in-process (no downloads).
+"""ONNX backend node conformance cases, generated in-process (no downloads).
 
 The ``onnx`` package ships a generator per op (``onnx.backend.test.case.node.<module>``); importing a module
 runs its ``export*`` functions, each seeded with ``np.random.seed(0)`` by onnx itself, and appends
-``TestCase``s (model + inputs + expected outputs) to a module-level list. Importing only the modules we need
-keeps generation to a few seconds instead of ~40 s for the whole catalogue.
+``TestCase``s (model + inputs + expected outputs) to a module-level list. ``load_all_cases`` imports every
+module (the whole suite, ~5 s) and names each case's op type; ``OP_MODULES`` labels the modules of the
+fusion-relevant families for the tallies.
 
 ``run_case(case, compile_fn)`` imports the model with TVM's ONNX frontend, compiles it with ``compile_fn``
 and compares with the case's expected outputs (ONNX's own tolerance: rtol 1e-3, atol 1e-7; looser for fp16).
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# op family -> onnx generator module names (file names under onnx/backend/test/case/node/)
+# fusion-relevant family -> onnx generator module names (files under onnx/backend/test/case/node/); other
+# modules are their own family
 OP_MODULES = {
     "conv": ["conv"],
     "batchnorm": ["batch_normalization"],
@@ -52,25 +54,71 @@ class Outcome:
 _CACHE: dict[str, list] = {}
 
 
-def load_cases(families=None) -> list:
-    """All node cases (incl. ``*_expanded`` function bodies) of the listed families, in a stable order."""
+def _import_generator(modname: str) -> list:
+    """The cases one onnx generator module appends when imported (cached: a module runs once a process)."""
     from onnx.backend.test.case import node as onnx_node
 
-    families = list(OP_MODULES) if families is None else list(families)
+    if modname not in _CACHE:
+        start = len(onnx_node._NodeTestCases)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                importlib.import_module(f"onnx.backend.test.case.node.{modname}")
+            except ModuleNotFoundError:
+                _CACHE[modname] = []
+                return []
+        _CACHE[modname] = list(onnx_node._NodeTestCases[start:])
+    return _CACHE[modname]
+
+
+def generator_modules() -> list[str]:
+    """Every generator module of onnx's node suite (``ai_onnx_ml`` sub-modules included), sorted."""
+    import pkgutil
+
+    from onnx.backend.test.case import node as onnx_node
+
+    prefix = onnx_node.__name__ + "."
+    names = [m.name[len(prefix):] for m in pkgutil.walk_packages(onnx_node.__path__, prefix) if not m.ispkg]
+    return sorted(n for n in names if not n.rsplit(".", 1)[-1].startswith("_"))
+
+
+def family_of(modname: str) -> str:
+    """The fusion-relevant family a generator module belongs to, else the module's own name."""
+    return next((fam for fam, mods in OP_MODULES.items() if modname in mods), modname)
+
+
+@dataclass(frozen=True)
+class SuiteCase:
+    module: str          # onnx generator module (file under onnx/backend/test/case/node/)
+    op_type: str         # the ONNX op the case tests (for ``*_expanded``: the op whose body it runs)
+    case: object         # onnx.backend.test.case.TestCase
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+    @property
+    def family(self) -> str:
+        return family_of(self.module)
+
+
+def load_all_cases() -> list[SuiteCase]:
+    """The whole ONNX backend node suite (1884 cases in onnx 1.23), module by module, in a stable order.
+
+    A case's op type is its node's; an ``*_expanded`` case (the op's function body, many nodes) takes the op
+    type of the case it expands, else the single op its module tests."""
     out = []
-    for fam in families:
-        for modname in OP_MODULES[fam]:
-            if modname not in _CACHE:
-                start = len(onnx_node._NodeTestCases)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    try:
-                        importlib.import_module(f"onnx.backend.test.case.node.{modname}")
-                    except ModuleNotFoundError:
-                        _CACHE[modname] = []
-                        continue
-                _CACHE[modname] = list(onnx_node._NodeTestCases[start:])
-            out += [(fam, c) for c in _CACHE[modname]]
+    for modname in generator_modules():
+        cases = _import_generator(modname)
+        plain = {c.name: c.model.graph.node[0].op_type for c in cases
+                 if "_expanded" not in c.name and len(c.model.graph.node) == 1}
+        module_ops = sorted(set(plain.values()))
+        for c in cases:
+            op = plain.get(c.name)
+            if op is None:
+                base = c.name.split("_expanded")[0]
+                op = plain.get(base) or (module_ops[0] if len(module_ops) == 1 else modname)
+            out.append(SuiteCase(modname, op, c))
     return out
 
 
@@ -100,8 +148,9 @@ def freeze_int_inputs(case):
     names = [vi.name for vi in case.model.graph.input]
     keep, frozen = [], []
     for name, arr in zip(names, inputs):
-        arr = np.asarray(arr)
-        (frozen if arr.dtype.kind in "iu" else keep).append((name, arr))
+        # sequences, optionals and maps (lists, None) are runtime values the importer does not take either way
+        is_int = isinstance(arr, np.ndarray) and arr.dtype.kind in "iu"
+        (frozen if is_int else keep).append((name, arr))
     if not frozen:
         return None
     model = onnx.ModelProto()
@@ -117,7 +166,9 @@ def freeze_int_inputs(case):
 def _to_tvm(a):
     import tvm
 
-    return tvm.runtime.tensor(np.ascontiguousarray(a))
+    # np.ascontiguousarray would turn a 0-d input (Range's start, Clip's min) into shape (1,)
+    a = np.asarray(a)
+    return tvm.runtime.tensor(a if a.flags.c_contiguous else a.copy())
 
 
 def _flatten(res):
@@ -129,11 +180,25 @@ def _flatten(res):
     return out
 
 
+def _flatten_expected(values) -> list:
+    """Expected outputs with sequence outputs (lists of arrays) spread out, as the VM returns them (tuples)."""
+    out = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out += _flatten_expected(v)
+        else:
+            out.append(v)
+    return out
+
+
 def compare(got: list, expected: list) -> str:
     """'' when ``got`` matches ``expected`` within the ONNX backend tolerance, else what differs."""
+    expected = _flatten_expected(expected)
     if len(got) < len(expected):
         return f"{len(got)} outputs, expected {len(expected)}"
     for i, (g, e) in enumerate(zip(got, expected)):
+        if e is None or not hasattr(np.asarray(e), "dtype") or np.asarray(e).dtype == object:
+            return f"output {i}: expected value of type {type(e).__name__} is not a tensor"
         e = np.asarray(e)
         if g.shape != e.shape:
             return f"output {i}: shape {g.shape} != expected {e.shape}"

@@ -6,9 +6,17 @@ match: bias + activation epilogues on matmul/conv2d, layer_norm / rms_norm, scal
 concat / strided_slice / split / reshape round trips, explicit tuples, several consumers of one value,
 odd sizes and a symbolic leading dim.
 
+Also the conv kinds of mobile/CNN blocks (depthwise, grouped, squeeze-excite, pre-activation BatchNorm,
+convs whose outputs are concatenated and consumed), bool ops (compare, and/or/xor/not feeding ``where``),
+integer arithmetic (int8/int32/int64 round trips) and a data-dependent length (``arange`` of a count read
+from the input, as ONNX Range/NonZero give), whose value and, as a side output, whose shape depend on data.
+
 A graph is drawn as a ``GraphSpec`` (plain data, so hypothesis prints a readable minimal failing example)
 and built with ``spec.build()``. Every op keeps the working shape, so any value can feed any later op;
-values stay bounded (tanh/sigmoid/norms before exp, division only by 1 + sigmoid).
+values stay bounded (tanh/sigmoid/norms before exp, division only by 1 + sigmoid). Bool and integer values
+are computed from the graph's inputs (exact in every pipeline) or select continuously (``where(a > b, a, b)``),
+so a last-bit difference between pipelines never flips a result; bool/int/data-dependent side outputs are
+returned after the graph's outputs and compared exactly.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ except ImportError:  # pragma: no cover - the grouping tests are not present
 UNARY_EXTRA = ("gelu", "gelu_tanh", "silu", "clip6", "leaky_relu", "sqrt_abs", "erf")
 BINARY_EXTRA = ("minimum", "divide_pos")
 OPS = ("unary", "binary", "bias", "reduce_epilogue", "matmul", "conv2d", "layer_norm", "rms_norm", "softmax",
-       "concat_slice", "split_concat", "reshape_round_trip", "transpose", "tuple")
+       "concat_slice", "split_concat", "reshape_round_trip", "transpose", "tuple",
+       "conv_kind", "logic", "int_ops", "data_dependent")
 ODD_DIMS = (1, 3, 5, 7, 8, 12, 16)
 
 
@@ -73,6 +82,8 @@ class _Builder:
         self.bb = relax.BlockBuilder()
 
     def build(self):
+        self.side = []                  # bool / int / data-dependent values returned after the outputs
+        self.n_lengths = 0
         s = self.spec
         lead = tirx.Var("n", "int64") if s.symbolic else s.shape[0]
         shape = (lead, *s.shape[1:])
@@ -80,6 +91,7 @@ class _Builder:
         if s.two_inputs:
             params.append(relax.Var("y", relax.TensorType(shape, "float32")))
         self.shape = shape
+        self.params = params
         bb = self.bb
         with bb.function("main", params):
             with bb.dataflow():
@@ -91,7 +103,7 @@ class _Builder:
                     v = vals[i % len(vals)]
                     if not any(v.same_as(o) for o in outs + params):
                         outs.append(v)
-                outs = outs or [vals[-1]]
+                outs = (outs or [vals[-1]]) + self.side
                 res = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
             bb.emit_func_output(res)
         return bb.get()
@@ -219,6 +231,92 @@ class _Builder:
         t = self.bb.emit(relax.Tuple([a, b]))
         return relax.op.multiply(relax.TupleGetItem(t, 0), relax.op.tanh(relax.TupleGetItem(t, 1)))
 
+    # ---- conv kinds of mobile / CNN blocks (4-D; a matmul on other ranks) ---------------------------------
+    def _conv_kind(self, op, a, b, rng):
+        if self.spec.rank != 4:
+            return self._matmul(op, a, b, rng)
+        o = relax.op
+        c = self.spec.shape[1]
+        if op.variant in ("depthwise", "grouped"):
+            groups = c if op.variant == "depthwise" or c % 2 else 2
+            w = _const(rng, (c, c // groups, 3, 3), 1.0 / (3 * np.sqrt(c // groups)))
+            y = o.add(o.nn.conv2d(a, w, padding=[1, 1, 1, 1], groups=groups), _const(rng, (1, c, 1, 1)))
+            return o.nn.relu(y)
+        if op.variant == "se":
+            r = max(1, c // 2)
+            s = self.bb.emit(o.mean(a, axis=[2, 3], keepdims=True))
+            s = self.bb.emit(o.nn.relu(o.add(o.nn.conv2d(s, _const(rng, (r, c, 1, 1), 1 / np.sqrt(c))),
+                                              _const(rng, (1, r, 1, 1)))))
+            s = self.bb.emit(o.sigmoid(o.add(o.nn.conv2d(s, _const(rng, (c, r, 1, 1), 1 / np.sqrt(r))),
+                                             _const(rng, (1, c, 1, 1)))))
+            return o.multiply(a, s)
+        if op.variant == "preact_bn":
+            mean, var = _const(rng, (c,), 0.5), relax.const(rng.uniform(0.5, 2.0, (c,)).astype("float32"))
+            bn = self.bb.emit(o.nn.batch_norm(a, _const(rng, (c,)), _const(rng, (c,)), mean, var, axis=1))
+            act = self.bb.emit(o.nn.relu(relax.TupleGetItem(bn, 0)))
+            return o.nn.conv2d(act, _const(rng, (c, c, 3, 3), 1.0 / (3 * np.sqrt(c))), padding=[1, 1, 1, 1])
+        # concat_convs: two convs into one concat (split fusion's input), then two consumers of the concat
+        if c < 2:
+            return o.nn.relu(o.nn.conv2d(a, _const(rng, (c, c, 3, 3), 1 / 3.0), padding=[1, 1, 1, 1]))
+        c1 = c // 2
+        left = self.bb.emit(o.nn.conv2d(a, _const(rng, (c1, c, 1, 1), 1 / np.sqrt(c))))
+        right = self.bb.emit(o.nn.conv2d(b, _const(rng, (c - c1, c, 3, 3), 1 / (3 * np.sqrt(c))), padding=[1] * 4))
+        cat = self.bb.emit(o.concat([left, right], axis=1))
+        act = self.bb.emit(o.nn.relu(cat))
+        return o.add(act, o.nn.conv2d(cat, _const(rng, (c, c, 1, 1), 1 / np.sqrt(c))))
+
+    # ---- bool ops ----------------------------------------------------------------------------------------
+    def _logic(self, op, a, b, rng):
+        o = relax.op
+        zero = relax.const(0.0, "float32")
+        if op.variant == "max_where":
+            return o.where(o.greater(a, b), a, b)
+        if op.variant == "and_mul":
+            return o.where(o.logical_and(o.greater(a, zero), o.greater(b, zero)), o.multiply(a, b), zero)
+        if op.variant == "or_relu":
+            return o.where(o.logical_or(o.greater(a, zero), o.greater(b, zero)),
+                           o.add(o.nn.relu(a), o.nn.relu(b)), zero)
+        if op.variant == "xor_mul":
+            return o.where(o.logical_xor(o.greater(a, zero), o.less(b, zero)), o.multiply(a, b), zero)
+        if op.variant == "not_leaky":
+            return o.where(o.logical_not(o.greater(a, zero)), o.multiply(a, relax.const(0.1, "float32")), a)
+        # mask_out: a mask of the inputs (exact) selects, and is also returned
+        x = self.params[0]
+        other = self.params[1] if len(self.params) > 1 else relax.const(0.25, "float32")
+        mask = self.bb.emit(o.logical_and(o.greater(x, other), o.less(x, relax.const(1.5, "float32"))))
+        self.side.append(mask)
+        return o.where(mask, a, o.multiply(a, relax.const(0.5, "float32")))
+
+    # ---- integer arithmetic on the inputs, back to float ------------------------------------------------
+    def _int_ops(self, op, a, b, rng):
+        o = relax.op
+        dtype = op.variant
+        x = self.params[0]
+        q = self.bb.emit(o.astype(o.multiply(x, relax.const(4.0, "float32")), dtype))     # exact: x * 2^2
+        r = self.bb.emit(o.add(o.multiply(q, relax.const(3, dtype)), relax.const(1, dtype)))
+        r = self.bb.emit(o.floor_divide(o.maximum(r, relax.const(-20, dtype)), relax.const(2, dtype)))
+        r = self.bb.emit(o.minimum(r, relax.const(30, dtype)))
+        if dtype == "int64":
+            self.side.append(r)
+        return o.add(a, o.multiply(o.astype(r, "float32"), relax.const(0.125, "float32")))
+
+    # ---- a length read from the data (ONNX Range / NonZero) ------------------------------------------------
+    def _data_dependent(self, op, a, b, rng):
+        o = relax.op
+        x = self.params[0]
+        count = self.bb.emit(o.sum(o.astype(o.greater(x, relax.const(0.0, "float32")), "int64")))
+        shape = self.bb.emit(o.tensor_to_shape(self.bb.emit(o.reshape(count, [1]))))
+        n = tirx.Var(f"len{self.n_lengths}", "int64")
+        self.n_lengths += 1
+        self.bb.match_cast(shape, relax.ShapeType([n]))
+        steps = self.bb.emit(o.arange(0, n, 1, dtype="float32"))
+        if op.variant == "side":
+            self.side.append(self.bb.emit(o.multiply(steps, relax.const(0.5, "float32"))))
+        total = self.bb.emit(o.sum(steps))                                     # n (n - 1) / 2, exact
+        nf = self.bb.emit(o.astype(count, "float32"))
+        scale = self.bb.emit(o.divide(total, o.add(relax.const(1.0, "float32"), o.multiply(nf, nf))))
+        return o.add(a, scale)
+
 
 VARIANTS = {
     "unary": UNARY + UNARY_EXTRA,
@@ -235,6 +333,10 @@ VARIANTS = {
     "reshape_round_trip": ("relu", "neg"),
     "transpose": ("",),
     "tuple": ("",),
+    "conv_kind": ("depthwise", "grouped", "se", "preact_bn", "concat_convs"),
+    "logic": ("max_where", "and_mul", "or_relu", "xor_mul", "not_leaky", "mask_out"),
+    "int_ops": ("int8", "int32", "int64"),
+    "data_dependent": ("value", "side"),
 }
 
 

@@ -150,3 +150,65 @@ def test_fast_math_is_exact_enough():
         out = tvm.runtime.tensor(np.zeros_like(xs))
         lib["main"](tvm.runtime.tensor(xs), out)
         assert check(out.numpy().astype("float64"), ref)
+
+
+def _build_and_compare(func, scheduled, seed=0):
+    rng = np.random.default_rng(seed)
+    ref = tvm.compile(module_of(main=func), target="llvm")
+    ours = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target=HOST)
+    arrays = [rng.integers(-5, 5, [int(d) for d in p.ty.shape]).astype(str(p.ty.dtype)) for p in func.params]
+    a = [tvm.runtime.tensor(x) for x in arrays]
+    b = [tvm.runtime.tensor(x.copy()) for x in arrays]
+    ref["main"](*a)
+    ours["main"](*b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(y.numpy(), x.numpy())
+
+
+def test_64bit_buffers_sharing_ub_fall_back():
+    """ONNX NLLLoss (``*_ii_expanded``): int64 index arithmetic with a bool mask, two outputs staged in UB.
+    TVM packs a scope's buffers at 32-bit offsets and aborts on the int64 one ("bits_offset % elem_bits");
+    the elementwise rule's schedule is declined with the reason, the fallback's builds and matches."""
+    from tvm import relax
+
+    two_out = fused_kernel(lambda a: relax.Tuple([op.equal(a, a), op.add(a, op.negative(a))]), [(3, 2)], "int64")
+    report = FusionReport()
+    mod = ApplyUBSchedules(NPU, report, HOST)(module_of(k=two_out))
+    assert report.sections["schedules"]["k"] == "fallback"
+    assert any("wider than 32 bits" in n for n in report.sections["schedule_notes"]["k"])
+    _build_and_compare(two_out, mod["k"])
+    # one 64-bit buffer alone in UB (nothing to pack it after) keeps the elementwise rule
+    one_out = fused_kernel(lambda a, b: op.add(a, op.multiply(a, b)), [(33, 17), (33, 17)], "int64")
+    report = FusionReport()
+    mod = ApplyUBSchedules(NPU, report, HOST)(module_of(k=one_out))
+    assert report.sections["schedules"]["k"] == "elementwise"
+    _build_and_compare(one_out, mod["k"])
+
+
+def test_schedule_over_capacity_declines_and_next_rule_builds():
+    """A rule whose schedule overfills UB (a GEMM epilogue that transposes across heads and reshapes: its
+    per-tile region is several windows' worth; Swin-T's attention output needed 1.3 MiB of UB) is declined
+    with the bytes, and the next rule's schedule builds and matches, instead of the verification phase
+    failing the build."""
+    from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+    from tvm_ascendfuse.target import get_target
+
+    tiny = get_target("ascend910b", name="tiny-ub", ub_bytes=16384, ub_reserved_bytes=0)
+    b, h, s, d = 8, 3, 49, 32
+    func = fused_kernel(lambda a, v: op.reshape(op.permute_dims(op.matmul(a, v), [0, 2, 1, 3]), (b, s, h * d)),
+                        [(b, h, s, s), (b, h, s, d)])
+    report = FusionReport()
+    mod = ApplyUBSchedules(tiny, report, HOST)(module_of(k=func))
+    assert report.sections["schedules"]["k"] != "matmul"
+    assert any(n.startswith("matmul: declined, its schedule needs") and "16384" in n
+               for n in report.sections["schedule_notes"]["k"])
+    assert kernel_usage("k", mod["k"], tiny).bytes("local.UB") <= tiny.capacity("local.UB")
+    rng = np.random.default_rng(0)
+    ref = tvm.compile(module_of(main=func), target="llvm")
+    ours = tvm.compile(tvm.IRModule({"main": mod["k"].with_attr("global_symbol", "main")}), target=HOST)
+    arrays = [rng.standard_normal([int(x) for x in p.ty.shape]).astype("float32") for p in func.params]
+    a = [tvm.runtime.tensor(x) for x in arrays]
+    c = [tvm.runtime.tensor(x.copy()) for x in arrays]
+    ref["main"](*a)
+    ours["main"](*c)
+    np.testing.assert_allclose(c[-1].numpy(), a[-1].numpy(), rtol=1e-4, atol=1e-5)

@@ -2,7 +2,10 @@
 
 ``GRAPH_FUSION_PASSES`` lists them in the order the pipeline runs them, and the order matters:
 
-1. ``FocusConvFusionPass`` first: it replaces the Focus conv by a new stride-2 conv, so a BatchNorm after
+0. ``StaticShapeCanonicalizePass`` before everything: it evaluates shape arithmetic on static tensors, so a
+   slice or reshape fed by ``Shape`` gets a static shape (and legalization can emit its kernel); the
+   matchers below need static shapes too.
+1. ``FocusConvFusionPass`` first of the rewrites: it replaces the Focus conv by a new stride-2 conv, so a BatchNorm after
    it is later folded into *that* conv.
 2. ``ScaledDotProductAttentionFusionPass`` then ``TransposeChainFusionPass``: one-op attention (PyTorch
    SDPA) is written out as the chain an ONNX export has, and the importer's transposes around it collapse,
@@ -34,10 +37,12 @@ from .matmul_bias_add import MatMulBiasAddFusionPass
 from .matmul_sibling_merge import MatMulSiblingMergeFusionPass
 from .rms_norm import RMSNormFusionPass
 from .softmax import SoftmaxFusionPass
+from .static_shape import StaticShapeCanonicalizePass
 from .swish import SwishFusionPass
 from .transpose_chain import TransposeChainFusionPass
 
 GRAPH_FUSION_PASSES: list = [
+    StaticShapeCanonicalizePass,
     FocusConvFusionPass,
     ScaledDotProductAttentionFusionPass,
     TransposeChainFusionPass,

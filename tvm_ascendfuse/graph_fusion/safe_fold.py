@@ -5,7 +5,8 @@ Before legalization, TVM's FoldConstant runs an op's legalizer to see whether th
 binding into the function but the PrimFunc never reaches the module, so the build later fails with
 "There is no definition of I.GlobalVar("shape_func")". TVM's default pipeline only folds after LegalizeOps,
 where this cannot happen. Here the folded module is kept only if it is well formed; otherwise the unfolded one
-goes on (the FoldConstant after LegalizeOps folds what is left).
+goes on (the FoldConstant after LegalizeOps folds what is left). FoldConstant that raises (a legalizer that
+cannot take an op whose input shape is known only at run time) leaves the module unfolded too.
 """
 
 from __future__ import annotations
@@ -68,5 +69,8 @@ class SafeFoldConstant(PyPass):
     def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
         if not has_foldable_call(mod):
             return mod
-        folded = relax.transform.FoldConstant()(mod)
+        try:
+            folded = relax.transform.FoldConstant()(mod)
+        except Exception:  # noqa: BLE001 - an op whose legalizer raises (input shape known only at run time)
+            return mod      # is left to LegalizeOps, which reports it (legalize.CheckedLegalizeOps)
         return folded if folded.same_as(mod) or is_well_formed(folded) else mod

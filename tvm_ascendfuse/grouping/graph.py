@@ -88,6 +88,7 @@ def build_graph(block: relax.DataflowBlock, func: relax.Function, mod: tvm.IRMod
 class _Builder:
     def __init__(self, func, mod, target, assumptions):
         self.mod, self.target, self.assumptions = mod, target, assumptions
+        self.func = func
         self.bounds = symbolic_bounds(func)
         self.cache: dict = {}            # per PrimFunc name: traffic count, row operand, last-axis reduction
 
@@ -138,6 +139,17 @@ class _Builder:
                     readers.setdefault(a, [])
                     if n.idx not in readers[a]:
                         readers[a].append(n.idx)
+        # A symbolic dim bound by a match_cast in this block (Range's length, read from a tensor) is a
+        # dependence too: the ops whose types use it come after the match_cast, which comes after the op that
+        # computes the length. Without the edge a sibling merge put both ends in one call_tir whose output
+        # type named a dim nothing had defined yet ("call_tir expects all TensorType has shape").
+        sym_def: dict = {}
+        by_params = {sv for p in self.func.params for sv in relax.analysis.definable_tir_vars_in_type(p.ty)}
+        for n in nodes:
+            if isinstance(n.binding, relax.MatchCast) and n.binding.var.same_as(n.var):
+                for sv in relax.analysis.definable_tir_vars_in_type(n.binding.var.ty):
+                    if sv not in by_params:
+                        sym_def.setdefault(sv, n.idx)     # the first binding defines it
         # edges
         for n in nodes:
             if n.call is not None:
@@ -145,8 +157,11 @@ class _Builder:
             else:
                 used = free_vars(n.binding.value) if isinstance(n.binding, relax.VarBinding) \
                     else _free_vars_binding(n.binding)
+            if sym_def:
+                used = used + [sym_def[sv] for sv in relax.analysis.tir_vars_in_type(n.var.ty)
+                               if sv in sym_def and sym_def[sv] < n.idx]
             for u in used:
-                p = var_node.get(u)
+                p = u if isinstance(u, int) else var_node.get(u)
                 if p is not None and p != n.idx and p not in n.producers:
                     n.producers.append(p)
                     nodes[p].users.append(n.idx)

@@ -26,6 +26,7 @@ class FusionModel:
         self.graph, self.target, self.cfg = graph, target, cfg
         self.nodes, self.var_node = graph.nodes, graph.var_node
         self._chains: dict[tuple, Chain | str | None] = {}   # cost, capacity and structure all ask per candidate
+        self._dims_cache: dict[int, list] = {}
 
     def inputs(self, members: list[int]) -> dict:
         """External inputs: tensor -> (padded bytes, elems, dtype bytes, dense bytes)."""
@@ -151,6 +152,27 @@ class FusionModel:
                 return l0
         return check
 
+    def undefined_dim(self, members: list[int]) -> str | None:
+        """A symbolic dim of a member's type that none of the group's inputs defines, else None.
+
+        A grouped function gets its dims from its parameters' shapes; a length computed at run time and bound
+        by a match_cast (ONNX Range: ``arange(0, n)`` then ``* delta + start``) is defined by no input of a
+        group that takes the arange in, and the group's call_tir would have an output of unknown shape
+        ("call_tir expects all TensorType has shape"). The arange stays its own call_tir, as TVM lowers it."""
+        dims = [v for m in members for v in self._dims(m)]
+        if not dims:
+            return None
+        defined = set()
+        for key in self.inputs(members):
+            if isinstance(key, relax.Var):
+                defined.update(relax.analysis.definable_tir_vars_in_type(key.ty))
+        return next((v.name for v in dims if v not in defined), None)
+
+    def _dims(self, m: int) -> list:
+        if m not in self._dims_cache:
+            self._dims_cache[m] = list(relax.analysis.tir_vars_in_type(self.nodes[m].var.ty))
+        return self._dims_cache[m]
+
     def depth(self, members: list[int]) -> int:
         mset, d = set(members), {}
         for m in sorted(members):
@@ -166,6 +188,9 @@ class FusionModel:
         accumulator (cube_m rows of the reduction row, fp32) fits L0C; at most ``max_reductions`` free
         reductions."""
         nodes, mset = self.nodes, set(members)
+        undefined = self.undefined_dim(members)
+        if undefined is not None:
+            return f"dim {undefined} of a member's shape is defined by no input of the group (data-dependent)"
         cubes = [m for m in members if nodes[m].cube]
         kernels = {("p", nodes[m].locked) if nodes[m].locked is not None else ("n", m) for m in cubes}
         chain = None

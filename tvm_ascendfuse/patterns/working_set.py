@@ -67,7 +67,10 @@ def cube_out_tile(shape, target, m_axis: int = -2, n_axis: int = -1) -> list[int
 
 
 def row_tile(shape, axes: Iterable[int]) -> list[int]:
-    """One full row along ``axes`` (which must be static); every other axis is 1."""
+    """One full row along ``axes`` (which must be static); every other axis is 1. A scalar (rank 0, e.g. a
+    scale computed at run time that the group reads) is its own tile."""
+    if not shape:
+        return []
     axes = {a % len(shape) for a in axes}
     return [shape[i] if i in axes else 1 for i in range(len(shape))]
 

@@ -9,9 +9,11 @@ notes the rules made (``schedule_notes``).
 
 from __future__ import annotations
 
-from tvm import tirx
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
 
-from ..analysis.ub_usage import kernel_usage, normalize_scope_aliases
+from ..analysis.ub_usage import ON_CHIP_SCOPES, canonical_scope, kernel_usage, normalize_scope_aliases
 from ..passbase import PyPass
 from ..progress import bar
 from ..report import FusionReport
@@ -63,6 +65,43 @@ def _symbolic_on_chip(name: str, func: tirx.PrimFunc, target: AscendTarget) -> b
         return False    # skips the buffer-compaction analysis (tens of ms per kernel)
     usage = kernel_usage(name, func, target)
     return any(a.nbytes is None for a in usage.allocations)
+
+
+def _over_capacity(name: str, func: tirx.PrimFunc, target: AscendTarget) -> tuple[str, int, int] | None:
+    """(scope, bytes needed, bytes available) of the first on-chip scope the schedule overfills, else None.
+
+    The verification phase would fail the build on it; a rule whose tile analysis missed a case (a GEMM
+    epilogue whose per-tile region is the whole result: Swin-T's attention output, transposed across heads
+    and reshaped, staged 1.3 MiB in UB) declines instead, and the next rule schedules the kernel."""
+    usage = kernel_usage(name, func, target)
+    for scope in ON_CHIP_SCOPES:
+        needed, available = usage.bytes(scope), target.capacity(scope)
+        if needed > available:
+            return scope, needed, available
+    return None
+
+
+def _wide_packed_on_chip(func: tirx.PrimFunc) -> str | None:
+    """An on-chip buffer of elements wider than 32 bits that shares its scope with another buffer, else None.
+
+    TVM's StorageRewrite packs (and reuses) the buffers of a tagged scope such as ``local.UB`` into one
+    allocation at 32-bit granularity; a 64-bit buffer that lands at an offset that is not a multiple of 64
+    bits aborts the build ("Check failed: e->bits_offset % elem_bits == 0U"; ONNX NLLLoss's int64 index
+    arithmetic staged in UB next to its bool mask)."""
+    by_scope: dict[str, list] = {}
+
+    def on_block(block):
+        for buf in block.alloc_buffers:
+            scope = canonical_scope(buf.scope())
+            if scope in ON_CHIP_SCOPES:
+                by_scope.setdefault(scope, []).append(buf)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, on_block)], order="pre")
+    for bufs in by_scope.values():
+        wide = [b for b in bufs if tvm.DataType(str(b.dtype)).bits * tvm.DataType(str(b.dtype)).lanes > 32]
+        if wide and len(bufs) > 1:
+            return wide[0].name
+    return None
 
 
 def _rule_instances(rules):
@@ -120,6 +159,17 @@ class ApplyUBSchedules(PyPass):
                 # TVM cannot lower an on-chip (tagged) buffer of symbolic size ("Special tagged memory must be
                 # const size"): a rule that left one, e.g. a full symbolic-length row staged in UB, declines.
                 notes.append(f"{rule.name}: declined, an on-chip buffer has a symbolic size")
+                continue
+            over = _over_capacity(name, new, self.target)
+            if over is not None:
+                scope, needed, available = over
+                notes.append(f"{rule.name}: declined, its schedule needs {needed} bytes of {scope} "
+                             f"(the target has {available})")
+                continue
+            wide = _wide_packed_on_chip(new)
+            if wide is not None:
+                notes.append(f"{rule.name}: declined, on-chip buffer {wide} has elements wider than 32 bits "
+                             "next to other buffers of its scope (TVM packs them at 32-bit offsets)")
                 continue
             for key, value in (func.attrs or {}).items():
                 new = new.with_attr(key, value)

@@ -203,6 +203,8 @@ def vectorize_inner(sch: s_tir.Schedule, block, lanes: int) -> None:
     """Vectorise a block's innermost loop by the widest power of two dividing it (split off when shorter than
     the loop). Unlike ``innermost_vector`` it does not look at what else the loop runs: for a block whose
     innermost loop is its own (a staged copy, an epilogue placed at a tile loop)."""
+    if not vector_storable(sch, block):
+        return          # bool / sub-byte stores stay scalar (see vector_storable)
     loops = sch.get_loops(block)
     if not loops:
         return
