@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import s_tir, sym, tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from .common import root_blocks
@@ -327,6 +327,122 @@ def match_conv2d(sch: s_tir.Schedule, block) -> ConvBlock | None:
             continue
         return ConvBlock(block, di, wi, w.source, str(body.buffer.ty.dtype))
     return None
+
+
+# ---- grouped and depthwise conv2d --------------------------------------------------------------------------
+@dataclass
+class GroupedConvBlock(ConvBlock):
+    """A conv2d with ``groups`` > 1: output channel f reads input channels
+    ``f // out_per_group * in_per_group + rc``, rc < in_per_group (TVM's ``group_conv2d_nchw``; depthwise
+    is in_per_group == out_per_group == 1). A ConvBlock, so the conv2d schedule can take a grouped conv whose
+    register block stays inside one group."""
+
+    groups: int = 1
+    in_per_group: int = 1
+    out_per_group: int = 1
+    kernel: tuple = (1, 1)      # KH, KW
+    stride: tuple = (1, 1)      # along H, W
+    dilation: tuple = (1, 1)
+
+    @property
+    def depthwise(self) -> bool:
+        return self.in_per_group == 1 and self.out_per_group == 1
+
+
+def _static(dim) -> int | None:
+    return int(dim) if isinstance(dim, tirx.IntImm) else None
+
+
+def _window(index, out_var, red_var) -> tuple[int, int] | None:
+    """(stride, dilation) when ``index`` is ``out_var * stride + red_var * dilation`` (plus a constant)."""
+    coef = sym.detect_linear_equation(index, [out_var, red_var])
+    if len(coef) != 3 or not all(isinstance(c, tirx.IntImm) for c in coef):
+        return None
+    stride, dilation = int(coef[0]), int(coef[1])
+    return (stride, dilation) if stride > 0 and dilation > 0 else None
+
+
+def match_grouped_conv2d(sch: s_tir.Schedule, block) -> GroupedConvBlock | None:
+    """GroupedConvBlock for ``C[n, f, y, x] += D[n, f // OCg * ICg + rc, y*s + ry*d, x*s + rx*d] *
+    W[f, rc, ry, rx]`` (casts allowed) with groups > 1, static channel counts and trivially bound loops;
+    None for anything else, a plain conv2d (groups == 1) included. Cheap: reads the block only."""
+    stmt = sch.get(block)
+    body = accumulating_store(stmt)
+    if body is None:
+        return None
+    iters = [iv.var for iv in stmt.iter_vars]
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    if len(iters) != 7 or [k == tirx.IterVar.DataPar for k in kinds] != [True] * 4 + [False] * 3:
+        return None
+    loops = sch.get_loops(block)
+    if len(loops) != 7:
+        return None
+    realize = sch.get(loops[-1]).body
+    if not isinstance(realize, s_tir.SBlockRealize) or not all(
+            isinstance(v, tirx.Var) and v.same_as(sch.get(lp).loop_var) for lp, v in zip(loops, realize.iter_values)):
+        return None
+    n, f, y, x, rc, ry, rx = iters
+    same = lambda idx, vs: len(idx) == len(vs) and all(isinstance(i, tirx.Var) and i.same_as(v)  # noqa: E731
+                                                      for i, v in zip(idx, vs))
+    if not same(body.indices, [n, f, y, x]):
+        return None
+    val = body.value
+    for acc, prod in ((val.a, val.b), (val.b, val.a)):
+        acc, prod = strip_cast(acc), strip_cast(prod)
+        if not (isinstance(acc, LOAD) and acc.source.same_as(body.buffer) and isinstance(prod, tirx.Mul)):
+            continue
+        ops = [strip_cast(prod.a), strip_cast(prod.b)]
+        if not all(isinstance(o, LOAD) for o in ops):
+            continue
+        w = next((o for o in ops if same(o.indices, [f, rc, ry, rx])), None)
+        d = next((o for o in ops if o is not w), None)
+        if w is None or d is None or len(d.indices) != 4 or not same(d.indices[:1], [n]):
+            continue
+        info = _grouping(stmt, d, w, (f, rc), iters)
+        if info is None:
+            continue
+        groups, icg, ocg, kernel = info
+        hw = [_window(d.indices[2], y, ry), _window(d.indices[3], x, rx)]
+        if None in hw:
+            continue
+        reads = [r.source for r in stmt.reads]
+        di = next((i for i, r in enumerate(reads) if r.same_as(d.source)), None)
+        wi = next((i for i, r in enumerate(reads) if r.same_as(w.source)), None)
+        if di is None or wi is None:
+            continue
+        return GroupedConvBlock(block, di, wi, w.source, str(body.buffer.ty.dtype), groups, icg, ocg, kernel,
+                                (hw[0][0], hw[1][0]), (hw[0][1], hw[1][1]))
+    return None
+
+
+def _grouping(stmt, data, weight, fr, iters):
+    """(groups, in/out channels per group, (KH, KW)) when the data's channel index is the grouped one."""
+    f, rc = fr
+    extents = {v.name: _static(iv.dom.extent) for v, iv in zip(iters, stmt.iter_vars)}
+    oc, icg = extents[f.name], extents[rc.name]
+    w_shape = [_static(d) for d in weight.source.ty.shape]
+    in_channels = _static(data.source.ty.shape[1])
+    if None in (oc, icg, in_channels) or None in w_shape or icg < 1 or in_channels % icg:
+        return None
+    groups = in_channels // icg
+    if groups <= 1 or oc % groups or w_shape[0] != oc or w_shape[1] != icg:
+        return None
+    ocg = oc // groups
+    ana = sym.Analyzer()
+    ana.bind(f, tvm.ir.Range(0, oc))
+    ana.bind(rc, tvm.ir.Range(0, icg))
+    dt = str(f.ty.dtype)
+    expected = tirx.floordiv(f, tirx.const(ocg, dt)) * tirx.const(icg, dt) + rc
+    if not ana.can_prove_equal(data.indices[1], expected):
+        return None
+    return groups, icg, ocg, (w_shape[2], w_shape[3])
+
+
+def match_depthwise_conv2d(sch: s_tir.Schedule, block) -> GroupedConvBlock | None:
+    """``match_grouped_conv2d`` for a depthwise conv: one input channel per output channel (groups ==
+    channels, no channel multiplier); None for anything else."""
+    info = match_grouped_conv2d(sch, block)
+    return info if info is not None and info.depthwise else None
 
 
 # ---- pooling -----------------------------------------------------------------------------------------------

@@ -25,9 +25,11 @@ from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
 from .common import host_of
 from .conv import Conv2dRule
+from .depthwise_conv import DepthwiseConv2dRule
 from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
 from .fast_math import use_fast_math
+from .grouped_conv import GroupedConv2dRule
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
@@ -38,7 +40,7 @@ from .tuned import tuned_rules
 # Most specific first. Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
 DEFAULT_RULES = (AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule,
-                 PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
+                 GroupedConv2dRule, DepthwiseConv2dRule, PoolRule, GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
 def default_rules(target: AscendTarget, host=None) -> list:

@@ -248,11 +248,249 @@ def transpose_load(sch, stage, lanes: int) -> bool:
     return _apply_on_copy_first(sch, apply)       # else the staging keeps its gathered copy
 
 
+# ---- output side: an NCHW[lanes]c tile of ``cols`` columns stored to NCHW in place ---------------------------
+
+OUT_LANES = 16              # channels of the tile: AVX-512 fp32
+
+
+def _out_name(dtype: str, cols: int, lanes: int) -> str:
+    return f"ascendfuse_transpose_out_{cols}x{lanes}_{dtype}"
+
+
+def _build_out(dtype: str, cols: int, lanes: int, impl: bool):
+    """(cols columns x lanes channels) of an NCHW[lanes]c tile in UB -> (lanes channels x cols columns) of the
+    NCHW output, each channel row a plane apart: description (a plain transpose block) or implementation
+    (the 8 x 16 shuffle network on ``cols`` rows, the missing rows repeating the last; each channel row
+    stored as one ``cols``-lane vector)."""
+    i64 = T.int64
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("f")
+            a, b = T.arg("a", T.handle()), T.arg("b", T.handle())
+            A = T.match_buffer(a, (i64(cols), i64(lanes)), dtype, strides=[T.int64(), i64(1)], offset_factor=1,
+                               scope="local.UB")
+            # (channel, row, column): tensorize matches the trailing dims of the output's 4-d region
+            B = T.match_buffer(b, (i64(lanes), i64(1), i64(cols)), dtype, strides=[T.int64(), T.int64(), i64(1)],
+                               offset_factor=1)
+            with T.sblock("root"):
+                T.reads(A[i64(0):i64(cols), i64(0):i64(lanes)])
+                T.writes(B[i64(0):i64(lanes), i64(0):i64(1), i64(0):i64(cols)])
+                if impl:
+                    _out_shuffle_network(A, B, dtype, cols, lanes)
+                else:
+                    with T.grid(i64(lanes), i64(cols)) as (i, j):
+                        with T.sblock("transpose"):
+                            vi, vj = T.axis.remap("SS", [i, j])
+                            T.buffer_store(B, A[vj, vi], [vi, i64(0), vj])
+    return ib.get()
+
+
+def _out_shuffle_network(A, B, dtype: str, cols: int, lanes: int) -> None:
+    i64 = T.int64
+    row = [A.vload([i64(min(i, cols - 1)), i64(0)], f"{dtype}x{lanes}") for i in range(ROWS)]
+
+    def shuffle(x, y, idx):
+        return T.Shuffle([x, y], list(idx))
+
+    st1 = {(half, p): shuffle(row[2 * p], row[2 * p + 1], _unpack_ps(lanes, half)) for half in (0, 1)
+           for p in range(ROWS // 2)}
+    st2 = {(g, j): shuffle(st1[j // 2, 2 * g], st1[j // 2, 2 * g + 1], _unpack_pd(lanes, j))
+           for g in range(ROWS // 4) for j in range(4)}
+    for r in range(lanes):
+        q, j = divmod(r, 4)
+        idx = [4 * q + k for k in range(4)] + [lanes + 4 * q + k for k in range(4)]
+        T.buffer_store(B, shuffle(st2[0, j], st2[1, j], idx[:cols]), [i64(r), i64(0), T.Ramp(i64(0), i64(1), cols)])
+
+
+def out_transpose_intrin(dtype: str, cols: int, lanes: int) -> str | None:
+    """Name of the registered (cols x lanes) NCHW[lanes]c -> NCHW store intrinsic, None when this tile has no
+    shuffle network here (fp32, 16 lanes, 2..8 columns)."""
+    if lanes != OUT_LANES or not 2 <= cols <= ROWS or tvm.DataType(dtype).bits != 32 or dtype != "float32":
+        return None
+    return _register_once(_out_name(dtype, cols, lanes), lambda impl: _build_out(dtype, cols, lanes, impl))
+
+
+def transpose_to_nchw(sch, copy, lanes: int) -> bool:
+    """Tensorize ``copy``, a block storing an NCHW[lanes]c tile of one row and ``cols`` columns from UB into
+    an NCHW buffer (loops (..., c, x) over lanes channels and cols columns), as one register transpose:
+    ``cols`` whole-vector loads instead of one lane extract and scalar store per element. Tried on a copy
+    first: False (schedule untouched) when the tile does not apply."""
+    dtype = str(sch.get(copy).writes[0].source.ty.dtype)
+    loops = sch.get_loops(copy)
+    if len(loops) < 2:
+        return False
+    cols, chans = (sch.get(lp).extent for lp in loops[-1:-3:-1])
+    if not all(isinstance(e, tvm.tirx.IntImm) for e in (cols, chans)) or int(chans) != lanes:
+        return False
+    name = out_transpose_intrin(dtype, int(cols), lanes)
+    if name is None:
+        return False
+    return _apply_on_copy_first(sch, lambda s: s.tensorize(s.get_loops(copy)[-2], name))
+
+
+# ---- input side, predicated copies: NCHW rows -> NCHW[lanes]c staging, rewritten after scheduling ----------
+
+STAGE_ANNOTATION = "ascendfuse.transpose_stage"   # on a staging copy block; value: columns per transpose
+
+
+def mark_transposed_stage(sch, copy, lanes: int, cols: int) -> bool:
+    """Prepare the staging copy ``copy`` (NCHW input -> NCHW[lanes]c, loops (..., w, c) with c the lanes)
+    for ``rewrite_transposed_stages``: its width loop split by ``cols`` under the channel loop, and the block
+    annotated. Such a copy may carry a predicate that tensorize cannot take: a copy computed at a tile whose
+    input rows overlap the next tile's (a conv's halo rows), clipped at the image border, is predicated on
+    its row loop, and ``blockize`` then derives wrong bindings for it (TVM 0.27: the tile offset is dropped
+    or scaled by the row count). False (schedule untouched) when the width is not a multiple of ``cols``."""
+    dtype = str(sch.get(copy).writes[0].source.ty.dtype)
+    if dtype != "float32" or lanes != IN_LANES or not 2 <= cols <= IN_COLS:
+        return False
+    *_, pw, pc = sch.get_loops(copy)
+    width, chans = sch.get(pw).extent, sch.get(pc).extent
+    if not (isinstance(width, tvm.tirx.IntImm) and isinstance(chans, tvm.tirx.IntImm)):
+        return False
+    if int(width) % cols or int(chans) != lanes:
+        return False
+    _, wi = sch.split(pw, [None, cols])
+    sch.reorder(pc, wi)
+    sch.annotate(copy, STAGE_ANNOTATION, cols)
+    return True
+
+
+def rewrite_transposed_stages(func):
+    """``func`` with every copy marked by ``mark_transposed_stage`` computed by register transposes: its
+    (lanes channels x cols columns) loop nest becomes one block of ``lanes`` ``cols``-wide row loads, the
+    16 x 8 shuffle network of ``in_transpose_lanes`` and ``cols`` whole-vector stores, under the copy's own
+    predicate. A copy whose indices are not contiguous along both loops is left as it is. Returns the
+    function and how many copies were rewritten."""
+    import tvm_ffi
+    from tvm import s_tir, sym, tirx
+
+    done = []
+
+    def on_for(loop):
+        inner = loop.body
+        if not isinstance(inner, tirx.For) or not isinstance(inner.body, s_tir.SBlockRealize):
+            return loop
+        realize = inner.body
+        cols = realize.block.annotations.get(STAGE_ANNOTATION) if realize.block.annotations else None
+        if cols is None:
+            return loop
+        new = _transposed_copy(realize, loop.loop_var, inner.loop_var, int(loop.extent), int(cols), sym, tirx,
+                               s_tir)
+        if new is None:
+            return loop
+        done.append(realize.block.name_hint)
+        return new
+
+    out = tvm_ffi.structural_map(func, (tvm.tirx.For, on_for))
+    return out, len(done)
+
+
+def _transposed_copy(realize, c_var, w_var, lanes, cols, sym, tirx, s_tir):
+    block = realize.block
+    store = block.body
+    if lanes != IN_LANES or not isinstance(store, tirx.BufferStore) or not isinstance(store.value, LOAD_TYPE):
+        return None
+    load = store.value
+    if _uses(realize.predicate, (c_var, w_var)):
+        return None
+    bind = {iv.var: val for iv, val in zip(block.iter_vars, realize.iter_values)}
+    ana = sym.Analyzer()
+    ana.bind(c_var, tvm.ir.Range(0, lanes))
+    ana.bind(w_var, tvm.ir.Range(0, cols))
+
+    pairs = list(bind.items())
+
+    def at(indices, c, w):
+        return [ana.simplify(_substitute(_substitute(i, pairs), [(c_var, c), (w_var, w)])) for i in indices]
+
+    zero = tirx.IntImm(c_var.ty.dtype if hasattr(c_var.ty, "dtype") else "int64", 0)
+
+    def axes(indices):
+        """(axis moving with the channel loop, axis moving with the width loop), each by +1 per step, every
+        other axis fixed; None otherwise."""
+        base = at(indices, zero, tirx.IntImm(str(zero.ty.dtype) if hasattr(zero, "ty") else "int64", 0))
+        moving = at(indices, c_var, w_var)
+        c_axis = w_axis = None
+        for d, (b, m) in enumerate(zip(base, moving)):
+            uses_c, uses_w = _uses(m, (c_var,)), _uses(m, (w_var,))
+            if uses_c and uses_w:
+                return None
+            if uses_c:
+                if c_axis is not None or not ana.can_prove_equal(m - b, c_var):
+                    return None
+                c_axis = d
+            elif uses_w:
+                if w_axis is not None or not ana.can_prove_equal(m - b, w_var):
+                    return None
+                w_axis = d
+        return (c_axis, w_axis, base) if c_axis is not None and w_axis is not None else None
+
+    src, dst = axes(load.indices), axes(store.indices)
+    if src is None or dst is None or src[1] != len(load.indices) - 1 or dst[0] != len(store.indices) - 1:
+        return None           # the rows must be contiguous in the source, the channels in the staging buffer
+    i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
+
+    def moved(base, axis, step, width=1):
+        idx = list(base)
+        idx[axis] = idx[axis] + i64(step) if width == 1 else tirx.Ramp(idx[axis] + i64(step), i64(1), width)
+        return idx
+
+    rows = []
+    for ch in range(lanes):
+        v = tirx.BufferLoad(load.source, moved(moved(src[2], src[0], ch), src[1], 0, cols))
+        if cols < IN_COLS:
+            # repeat the load: a Shuffle's operands must hold at least as many lanes as it returns
+            v = tirx.Shuffle([v] * -(-IN_COLS // cols),
+                             [tirx.IntImm("int32", min(k, cols - 1)) for k in range(IN_COLS)])
+        rows.append(v)
+    vals, outs = in_transpose_lanes(lanes, IN_COLS)
+    env = list(rows)
+    for a, b, idx in vals:
+        env.append(tirx.Shuffle([env[a], env[b]], [tirx.IntImm("int32", k) for k in idx]))
+    stores = [tirx.BufferStore(store.buffer, env[outs[col]], moved(moved(dst[2], dst[1], col), dst[0], 0, lanes))
+              for col in range(cols)]
+
+    def region(base, c_axis, w_axis):
+        return [tvm.ir.Range.from_min_extent(b, i64(lanes if d == c_axis else cols if d == w_axis else 1))
+                for d, b in enumerate(base)]
+
+    new_block = s_tir.SBlock([], [tirx.BufferRegion(load.source, region(src[2], src[0], src[1]))],
+                             [tirx.BufferRegion(store.buffer, region(dst[2], dst[0], dst[1]))],
+                             block.name_hint + "_transposed", tirx.SeqStmt(stores))
+    return s_tir.SBlockRealize([], realize.predicate, new_block)
+
+
+LOAD_TYPE = tvm.ir.expr.TensorLoad
+
+
+def _substitute(expr, pairs):
+    """``expr`` with each variable of ``pairs`` ((var, value), ...) replaced by its value."""
+    import tvm_ffi
+
+    if isinstance(expr, int):
+        return expr
+
+    def on_var(v):
+        return next((e for x, e in pairs if v.same_as(x)), v)
+
+    return tvm_ffi.structural_map(expr, (tvm.ir.Var, on_var))
+
+
+def _uses(expr, variables) -> bool:
+    import tvm_ffi
+
+    found = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.Var, lambda v: found.append(v) if any(v.same_as(x) for x in variables)
+                                   else None))
+    return bool(found)
+
+
 # ---- by name: a tuning database's traces tensorize with these intrinsics before any rule registered them ----
 
 INTRIN_NAME = re.compile(r"ascendfuse_transpose\w*")
 _BY_NAME = ((re.compile(r"ascendfuse_transpose_(\d+)x(\d+)_(\w+)"), transpose_intrin),
-            (re.compile(r"ascendfuse_transpose_in_(\d+)x(\d+)_(\w+)"), in_transpose_intrin))
+            (re.compile(r"ascendfuse_transpose_in_(\d+)x(\d+)_(\w+)"), in_transpose_intrin),
+            (re.compile(r"ascendfuse_transpose_out_(\d+)x(\d+)_(\w+)"), out_transpose_intrin))
 
 
 def register_named(name: str) -> bool:

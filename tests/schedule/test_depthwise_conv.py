@@ -1,0 +1,256 @@
+"""DepthwiseConv2dRule: numbers equal to the unscheduled kernel for depthwise convs of the shapes MobileNet,
+EfficientNet and ConvNeXt run (3x3 / 5x5 / 7x7, stride 1 and 2) and odd ones (channel counts that are not a
+multiple of the vector, odd sizes, asymmetric padding, dilation, batch 2, symbolic batch, fp16), with each
+epilogue real models put after it (folded-BN bias, ReLU, ReLU6 as clip and as max+min, hardswish, SiLU,
+residual add, the transpose to channels-last, none) and with an SE block's pool of its output in the same
+kernel; the register transposes on both sides (used, and exact); UB within capacity; what it must decline,
+with the reason in the report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.relax import op
+
+from tests.schedule.kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
+from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.base import Declined
+from tvm_ascendfuse.schedule.depthwise_conv import DepthwiseConv2dRule, choose_depthwise_tiles, stage_bytes
+from tvm_ascendfuse.target import get_target
+
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+
+
+def _scalar(v, dtype):
+    return relax.const(np.array(v, dtype))
+
+
+def epilogue(name, dtype="float32"):
+    """The op chain after conv + bias, as the ONNX importer writes it for each activation."""
+    def act(y, r=None):
+        if name == "relu":
+            return op.nn.relu(y)
+        if name == "relu6":                        # Clip(0, 6)
+            return op.clip(y, 0.0, 6.0)
+        if name == "relu6_max_min":                # Clip with min/max inputs: maximum then minimum
+            return op.minimum(op.maximum(y, _scalar(0.0, dtype)), _scalar(6.0, dtype))
+        if name == "hardswish":                    # x * clip(x + 3, 0, 6) / 6 (MobileNetV3)
+            return op.multiply(y, op.divide(op.clip(op.add(y, _scalar(3.0, dtype)), 0.0, 6.0), _scalar(6.0, dtype)))
+        if name == "silu":
+            return op.nn.silu(y)
+        if name == "residual":
+            return op.add(y, r)
+        if name == "nhwc":                         # ConvNeXt: the depthwise conv's output goes channels-last
+            return op.permute_dims(y, [0, 2, 3, 1])
+        return y
+    return act
+
+
+def dw_kernel(x_shape, k, stride=1, pad=None, dilation=1, act="relu6", dtype="float32", bias=True):
+    c = x_shape[1]
+    pad = [k // 2 * dilation] * 4 if pad is None else list(pad)
+
+    def build(x, w, *rest):
+        y = op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation, groups=c)
+        if bias:
+            y = op.add(y, rest[0])
+        return epilogue(act, dtype)(y, rest[-1] if act == "residual" else None)
+
+    shapes = [x_shape, (c, 1, k, k)] + ([(1, c, 1, 1)] if bias else [])
+    if act == "residual":
+        n, _, h, w = x_shape
+        kh = (k - 1) * dilation + 1
+        oh = (h + pad[0] + pad[2] - kh) // stride + 1
+        ow = (w + pad[1] + pad[3] - kh) // stride + 1
+        shapes.append((n, c, oh, ow))
+    return fused_kernel(build, shapes, dtype)
+
+
+CASES = {
+    # name: (x shape, kernel, stride, padding or None, dilation, epilogue)
+    "mbv2_3x3_s1": ((1, 32, 16, 16), 3, 1, None, 1, "relu6"),
+    "mbv2_3x3_s2": ((1, 48, 17, 17), 3, 2, None, 1, "relu6_max_min"),
+    "effnet_5x5_s1_silu": ((1, 32, 14, 14), 5, 1, None, 1, "silu"),
+    "effnet_5x5_s2_silu": ((1, 32, 15, 15), 5, 2, None, 1, "silu"),
+    "mbv3_hardswish": ((1, 32, 14, 14), 3, 1, None, 1, "hardswish"),
+    "mbv3_relu": ((1, 16, 12, 12), 3, 2, None, 1, "relu"),
+    "convnext_7x7_nhwc": ((1, 32, 14, 14), 7, 1, None, 1, "nhwc"),
+    "residual": ((1, 32, 8, 16), 3, 1, None, 1, "residual"),
+    "bias_only": ((1, 16, 7, 7), 3, 1, None, 1, None),
+    "odd_channels": ((1, 5, 9, 11), 3, 1, None, 1, "relu6"),
+    "channels_not_a_vector": ((1, 24, 10, 10), 3, 2, None, 1, "silu"),     # 8 lanes
+    "channels_40_5x5": ((1, 40, 9, 9), 5, 1, None, 1, "hardswish"),
+    "width_not_a_block": ((1, 16, 6, 13), 3, 1, None, 1, "relu6"),         # 8-column blocks, predicated tail
+    "asymmetric_pad": ((1, 16, 9, 10), 3, 1, (0, 1, 2, 1), 1, "relu"),
+    "dilated": ((1, 16, 12, 12), 3, 1, None, 2, "relu6"),
+    "no_padding": ((1, 16, 9, 9), 3, 1, (0, 0, 0, 0), 1, "relu"),
+    "batch2": ((2, 32, 9, 9), 3, 1, None, 1, "relu6"),
+    "stride2_even": ((1, 16, 14, 14), 3, 2, None, 1, "relu6"),
+    "three_columns": ((1, 16, 9, 9), 3, 1, None, 1, "relu6"),     # input rows staged 3 columns a transpose
+    "two_columns": ((1, 16, 2, 2), 3, 1, None, 1, "relu"),        # a 2x2 plane: 2-column transposes both ways
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("packed", [True, False])
+def test_depthwise_matches_unscheduled(name, packed):
+    xs, k, stride, pad, dil, act = CASES[name]
+    func = dw_kernel(xs, k, stride, pad, dil, act)
+    if packed:
+        func = func.with_attr("layout_free_buffers", [1])
+    mod, note = check_rule(DepthwiseConv2dRule(), func, host=NATIVE, with_note=True)
+    assert note.startswith("depthwise-conv2d")
+    assert ("layout_rewrite_preproc" in mod.script()) is packed     # (C/vl, 1, KH, KW, vl), once
+    assert "local.UB" in mod.script()
+
+
+@pytest.mark.parametrize("name", ["mbv2_3x3_s2", "odd_channels", "effnet_5x5_s1_silu", "convnext_7x7_nhwc"])
+def test_portable_host(name):
+    xs, k, stride, pad, dil, act = CASES[name]
+    check_rule(DepthwiseConv2dRule(), dw_kernel(xs, k, stride, pad, dil, act), host=HOST)
+
+
+def test_no_epilogue():
+    func = fused_kernel(lambda x, w: op.nn.conv2d(x, w, padding=[1] * 4, groups=16), [(1, 16, 8, 8), (16, 1, 3, 3)])
+    check_rule(DepthwiseConv2dRule(), func, host=NATIVE)
+
+
+@pytest.mark.parametrize("act", ["relu6", "silu"])
+def test_float16(act):
+    func = dw_kernel((1, 32, 10, 10), 3, 1, None, 1, act, dtype="float16")
+    check_rule(DepthwiseConv2dRule(), func, host=NATIVE)
+
+
+def test_symbolic_batch():
+    n = tirx.Var("n", "int64")
+    func = dw_kernel((n, 32, 12, 12), 3, 2, None, 1, "relu6")
+    check_rule(DepthwiseConv2dRule(), func, host=NATIVE, sizes={"n": 3})
+
+
+@pytest.mark.parametrize("load, store", [(True, True), (False, False), (True, False), (False, True)])
+def test_register_transposes_are_exact_and_used(load, store):
+    """AVX-512 fp32, 16 channels a block: the staged input comes in through register transposes (a copy
+    predicated on the tile's halo rows, rewritten after scheduling) and the NCHW output leaves through them
+    (tensorized store); each switched off keeps the lane-by-lane copy; all four exact, 8 and 7 columns."""
+    rule = DepthwiseConv2dRule(transpose_store=store, transpose_load=load)
+    for xs in ((1, 32, 16, 16), (1, 32, 14, 14)):
+        func = dw_kernel(xs, 3, 1, None, 1, "relu6").with_attr("layout_free_buffers", [1])
+        result = rule.apply_with_note(func, NPU, AVX512)
+        script = result.sch.mod.script()
+        assert ("_transposed" in script) is load
+        assert ("T.Shuffle" in script) is (load or store)
+        assert ("input staged through register transposes" in result.note) is load
+        assert ("NCHW store through register transposes" in result.note) is store
+        check_rule(rule, func, host=NATIVE)
+
+
+def test_tiles_from_usable_ub():
+    """The staged rows (halo included), weights, accumulator and epilogue tile of a tile fit usable UB on both
+    presets; rows shrink with a smaller UB; every core gets several tiles."""
+    from tvm_ascendfuse.schedule.hostvec import HostVector
+
+    hv = HostVector(512, 32, 2)
+    func = dw_kernel((1, 32, 112, 112), 3, 1, None, 1, "relu6")
+    from tvm import s_tir
+
+    from tvm_ascendfuse.schedule.analysis import match_depthwise_conv2d
+    from tvm_ascendfuse.schedule.common import root_blocks
+
+    sch = s_tir.Schedule(func)
+    info = match_depthwise_conv2d(sch, list(root_blocks(sch))[1])
+    for preset in ("ascend910b", "ascend310p"):
+        target = get_target(preset)
+        t = choose_depthwise_tiles(32, 112, 112, 114, 1, info, hv, target)
+        assert t.vl == 16 and t.owr == 8 and 112 % t.rows == 0
+        assert stage_bytes(t.rows, info, 114, 16, 8, 4, target) <= target.ub_usable
+        assert (32 // 16) * (112 // t.rows) >= 8
+    big = get_target("ascend910b")
+    small = dataclasses.replace(big, ub_bytes=72 * 1024)
+    rows = choose_depthwise_tiles(32, 112, 112, 114, 1, info, hv, big).rows
+    fewer = choose_depthwise_tiles(32, 112, 112, 114, 1, info, hv, small)
+    assert fewer.rows < rows and stage_bytes(fewer.rows, info, 114, 16, 8, 4, small) <= small.ub_usable
+
+
+@pytest.mark.parametrize("preset", ["ascend910b", "ascend310p"])
+@pytest.mark.parametrize("xs, k, stride", [((1, 32, 112, 112), 3, 1), ((1, 144, 56, 56), 3, 2),
+                                           ((1, 1152, 7, 7), 5, 1), ((1, 96, 56, 56), 7, 1)])
+def test_ub_bytes_within_capacity(preset, xs, k, stride):
+    target = get_target(preset)
+    func = dw_kernel(xs, k, stride, None, 1, "relu6").with_attr("layout_free_buffers", [1])
+    result = DepthwiseConv2dRule().apply_with_note(func, target, NATIVE)
+    usage = kernel_usage("k", result.sch.mod["main"], target)
+    assert 0 < usage.bytes("local.UB") <= target.ub_usable
+    assert not usage.symbolic("local.UB")
+
+
+def se_pool(groups, act=op.nn.silu, axis=(2, 3), keep_output=True, reduce=op.mean):
+    """conv + bias + activation, then a reduction of its output in the same kernel (the grouping puts an SE
+    block's global mean there); ``axis`` (1,) is a channel mean, not a pool over the planes."""
+    def build(x, w, b):
+        y = act(op.add(op.nn.conv2d(x, w, groups=groups, padding=[1] * 4), b))
+        m = reduce(y, axis=list(axis), keepdims=True)
+        return relax.Tuple([y, m]) if keep_output else m
+    return build
+
+
+@pytest.mark.parametrize("xs, act, keep, reduce", [
+    ((1, 32, 16, 16), op.nn.silu, True, op.mean),       # 256 a plane: 16-lane partial sums
+    ((1, 48, 14, 14), op.nn.relu, True, op.mean),       # 196: 4-lane partial sums
+    ((1, 40, 7, 7), op.nn.silu, True, op.mean),         # 49: scalar
+    ((2, 24, 10, 10), op.nn.silu, True, op.max),        # batch 2, a max over the plane
+    ((1, 5, 9, 9), op.nn.relu, True, op.mean),          # odd channels
+    ((1, 32, 12, 12), op.nn.silu, False, op.mean),      # the conv's output is not a kernel output
+])
+@pytest.mark.parametrize("host", [NATIVE, HOST], ids=["native", "portable"])
+def test_se_pool_after_the_conv(xs, act, keep, reduce, host):
+    """EfficientNet / MobileNetV3: the depthwise conv's output and its mean over the plane in one kernel; the
+    conv keeps its schedule and the pool runs after it."""
+    c = xs[1]
+    func = fused_kernel(se_pool(c, act, keep_output=keep, reduce=reduce), [xs, (c, 1, 3, 3), (1, c, 1, 1)])
+    _, note = check_rule(DepthwiseConv2dRule(), func.with_attr("layout_free_buffers", [1]), host=host,
+                         with_note=True)
+    assert note.startswith("depthwise-conv2d: packed") and "plane pool after it" in note
+
+
+def test_declines_with_reasons():
+    rule = DepthwiseConv2dRule()
+    shapes = [(1, 16, 8, 8), (16, 1, 3, 3), (1, 16, 1, 1)]
+    result = rule.apply_with_note(fused_kernel(se_pool(16, axis=(1,)), shapes), NPU, NATIVE)
+    assert isinstance(result, Declined) and "not a pool over whole planes" in result.reason
+
+    def concat(x, w, other):    # an epilogue that is not per output tile
+        return op.concat([op.nn.conv2d(x, w, groups=8, padding=[1] * 4), other], axis=1)
+
+    result = rule.apply_with_note(fused_kernel(concat, [(1, 8, 6, 6), (8, 1, 3, 3), (1, 4, 6, 6)]), NPU, NATIVE)
+    assert isinstance(result, Declined) and "per output tile" in result.reason
+
+    sym = tirx.Var("h", "int64")
+    result = rule.apply_with_note(dw_kernel((1, 16, sym, 8), 3), NPU, NATIVE)
+    assert isinstance(result, Declined) and "symbolic" in result.reason
+
+    dense = fused_kernel(lambda x, w: op.nn.conv2d(x, w, padding=[1] * 4), [(1, 8, 6, 6), (8, 8, 3, 3)])
+    grouped = fused_kernel(lambda x, w: op.nn.conv2d(x, w, groups=2, padding=[1] * 4), [(1, 8, 6, 6), (8, 4, 3, 3)])
+    multiplier = fused_kernel(lambda x, w: op.nn.conv2d(x, w, groups=8, padding=[1] * 4),
+                              [(1, 8, 6, 6), (16, 1, 3, 3)])
+    mm = fused_kernel(lambda a, b: op.matmul(a, b), [(8, 8), (8, 8)])
+    for func in (dense, grouped, multiplier, mm):
+        assert rule.apply_with_note(func, NPU, NATIVE) is None
+
+
+def test_decline_reason_reaches_the_report():
+    """Through the schedule phase: a kernel with a channel mean goes to another rule and the report says why
+    this one declined."""
+    from tvm_ascendfuse.report import FusionReport
+    from tvm_ascendfuse.schedule.apply import ApplyUBSchedules
+
+    func = fused_kernel(se_pool(16, op.nn.relu, axis=(1,)), [(1, 16, 8, 8), (16, 1, 3, 3), (1, 16, 1, 1)])
+    func = func.with_attr("global_symbol", "k")
+    report = FusionReport()
+    ApplyUBSchedules(NPU, report, HOST)(tvm.IRModule({tvm.ir.GlobalVar("k"): func}))
+    assert report.sections["schedules"]["k"] != "depthwise-conv2d"
+    assert any(n.startswith("depthwise-conv2d: the depthwise conv shares the kernel with a reduction after")
+               for n in report.sections["schedule_notes"]["k"])
