@@ -328,3 +328,19 @@ def test_gemm_output_returned_and_rotated_in_the_same_kernel():
     func = fused_kernel(build, [(1, s, 32), (32, 2 * kv * d), (1, 1, s, d), (1, 1, s, d)])
     for host in (HOST, NATIVE):
         check_rule(MatmulRule(), func, host=host)
+
+
+def test_gemm_chain_is_declined_but_attention_is_taken():
+    """Two products with only elementwise work between them are a GEMM chain (LayerNorm -> linear -> GELU ->
+    linear, ConvNeXt's block): the rule declines it, since its product-as-prologue schedule takes LLVM tens of
+    seconds. Two products with a softmax between them stay the rule's when the attention rule declines them."""
+    def mlp(x, g, b, w1, w2):
+        h = op.nn.layer_norm(x, g, b, axes=[-1])
+        return op.matmul(op.nn.gelu(op.matmul(h, w1)), w2)
+
+    check_rule(MatmulRule(), fused_kernel(mlp, [(49, 32), (32,), (32,), (32, 64), (64, 32)]), expect=False)
+
+    def attention(q, k, v):
+        return op.matmul(op.nn.softmax(op.matmul(q, op.permute_dims(k, [0, 2, 1])), axis=-1), v)
+
+    check_rule(MatmulRule(), fused_kernel(attention, [(2, 7, 8), (2, 7, 8), (2, 7, 8)]))

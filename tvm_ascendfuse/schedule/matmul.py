@@ -30,7 +30,7 @@ from tvm import s_tir, tirx
 
 from ..ir import dtype_bytes
 from ..target import AscendTarget
-from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_product
+from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_product, reduction_kinds
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
 from .common import (as_target, extent, is_output_block, ok, parallel_vector, root_blocks, still_exists,
                      tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
@@ -150,7 +150,17 @@ class MatmulRule(ScheduleRule):
         return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
-        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines.
+
+        Two products with no other reduction between them are declined: that is a GEMM chain (the
+        chained-GEMM rule's), and here the first product would be a prologue stage scheduled like a row norm,
+        unblocked and vectorised across whole output rows, which LLVM takes tens of seconds to compile per
+        kernel (ConvNeXt's LayerNorm -> linear -> GELU -> linear). Products with a softmax between them
+        (attention the attention rule declined) are still taken."""
+        kinds = reduction_kinds(sch.mod["main"])
+        first = kinds.find("P")
+        if first >= 0 and kinds.count("P") > 1 and "R" not in kinds[first:]:
+            return None
         found = find_gemm(sch)
         if found is None:
             return None
