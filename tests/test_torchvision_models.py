@@ -18,28 +18,12 @@ pytestmark = pytest.mark.slow
 
 def _torchvision():
     torch = pytest.importorskip("torch")
-    register_fake = torch.library.register_fake
+    from benchmarks.public_models import import_torchvision
 
-    def tolerant(*args, **kwargs):
-        # torchvision's fake kernels for its C++ ops fail to register against a CPU-only torch build; the
-        # models used here need none of them
-        try:
-            decorator = register_fake(*args, **kwargs)
-        except RuntimeError:
-            return lambda fn: fn
-
-        def apply(fn):
-            try:
-                return decorator(fn)
-            except RuntimeError:
-                return fn
-        return apply
-
-    torch.library.register_fake = tolerant
     try:
-        return torch, pytest.importorskip("torchvision")
-    finally:
-        torch.library.register_fake = register_fake
+        return torch, import_torchvision()
+    except ImportError as err:
+        pytest.skip(f"torchvision not installed: {err}")
 
 
 @pytest.mark.parametrize("name", ["shufflenet_v2_x1_0", "swin_t"])
