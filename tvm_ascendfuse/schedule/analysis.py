@@ -285,7 +285,9 @@ class ConvBlock:
     out_dtype: str
 
 
-def match_conv2d(sch: s_tir.Schedule, block) -> ConvBlock | None:
+def _conv_block_head(sch: s_tir.Schedule, block):
+    """(block, its accumulating store, its 7 iter vars) for a block of 4 spatial then 3 reduction iterators
+    bound one-to-one to its 7 loops (the shape every conv2d recogniser starts from), else None."""
     stmt = sch.get(block)
     body = accumulating_store(stmt)
     if body is None:
@@ -301,6 +303,14 @@ def match_conv2d(sch: s_tir.Schedule, block) -> ConvBlock | None:
     if not isinstance(realize, s_tir.SBlockRealize) or not all(
             isinstance(v, tirx.Var) and v.same_as(sch.get(lp).loop_var) for lp, v in zip(loops, realize.iter_values)):
         return None
+    return stmt, body, iters
+
+
+def match_conv2d(sch: s_tir.Schedule, block) -> ConvBlock | None:
+    head = _conv_block_head(sch, block)
+    if head is None:
+        return None
+    stmt, body, iters = head
     n, f, y, x, rc, ry, rx = iters
     same = lambda idx, vs: len(idx) == len(vs) and all(isinstance(i, tirx.Var) and i.same_as(v)
                                                       for i, v in zip(idx, vs))
@@ -366,21 +376,10 @@ def match_grouped_conv2d(sch: s_tir.Schedule, block) -> GroupedConvBlock | None:
     """GroupedConvBlock for ``C[n, f, y, x] += D[n, f // OCg * ICg + rc, y*s + ry*d, x*s + rx*d] *
     W[f, rc, ry, rx]`` (casts allowed) with groups > 1, static channel counts and trivially bound loops;
     None for anything else, a plain conv2d (groups == 1) included. Cheap: reads the block only."""
-    stmt = sch.get(block)
-    body = accumulating_store(stmt)
-    if body is None:
+    head = _conv_block_head(sch, block)
+    if head is None:
         return None
-    iters = [iv.var for iv in stmt.iter_vars]
-    kinds = [iv.iter_type for iv in stmt.iter_vars]
-    if len(iters) != 7 or [k == tirx.IterVar.DataPar for k in kinds] != [True] * 4 + [False] * 3:
-        return None
-    loops = sch.get_loops(block)
-    if len(loops) != 7:
-        return None
-    realize = sch.get(loops[-1]).body
-    if not isinstance(realize, s_tir.SBlockRealize) or not all(
-            isinstance(v, tirx.Var) and v.same_as(sch.get(lp).loop_var) for lp, v in zip(loops, realize.iter_values)):
-        return None
+    stmt, body, iters = head
     n, f, y, x, rc, ry, rx = iters
     same = lambda idx, vs: len(idx) == len(vs) and all(isinstance(i, tirx.Var) and i.same_as(v)  # noqa: E731
                                                       for i, v in zip(idx, vs))

@@ -173,11 +173,11 @@ class MatmulRule(ScheduleRule):
     def _schedule(self, sch, blocks, gi, info: GemmBlock, target, hv: HostVector):
         mm_name = sch.get(info.block).name_hint
         pro = [b for b in blocks[:gi] if not _is_preproc(sch, b)]
-        a_stage = _a_producer_to_stage(sch, pro, info)
+        a_stage = _producer_to_stage(sch, pro, info, info.a_buf)
         if a_stage is not None:
             pro = [b for b in pro if not sch.get(b).same_as(sch.get(a_stage))]
             a_name = sch.get(a_stage).name_hint
-        b_stage = _b_producer_to_stage(sch, pro, info) if a_stage is None else None
+        b_stage = _producer_to_stage(sch, pro, info, info.b_buf) if a_stage is None else None
         if b_stage is not None:
             pro = [b for b in pro if not sch.get(b).same_as(sch.get(b_stage))]
             b_name = sch.get(b_stage).name_hint
@@ -305,15 +305,17 @@ class MatmulRule(ScheduleRule):
         return placed
 
 
-def _a_producer_to_stage(sch, pro, info: GemmBlock):
-    """The block writing A when inlining A's injective producers would leave the GEMM without plain A
-    indices (a head-merge transpose + reshape: ``A[m, k] = X[k // d, m, k % d]``), else None.
+def _producer_to_stage(sch, pro, info: GemmBlock, operand):
+    """The block writing GEMM operand ``operand`` (``info.a_buf`` or ``info.b_buf``) when inlining its
+    injective producers would leave the GEMM without plain indices for it, else None: A behind a head-merge
+    transpose + reshape (``A[m, k] = X[k // d, m, k % d]``), B = V of P.V sliced from a packed projection and
+    split into heads.
 
     Decided on a scratch schedule of the same function, so ``sch`` (possibly traced) is only changed by
     the primitives the rule then applies. A producer chain holding a reduction (LayerNorm) is left to
     ``schedule_prologue``."""
-    a_blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(info.a_buf)), None)
-    if a_blk is None or any(has_reduce(sch, p) for p in [a_blk, *transitive_producers(sch, a_blk)]):
+    blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(operand)), None)
+    if blk is None or any(has_reduce(sch, p) for p in [blk, *transitive_producers(sch, blk)]):
         return None
     probe = s_tir.Schedule(sch.mod)
     names = {sch.get(b).name_hint for b in pro}
@@ -321,25 +323,8 @@ def _a_producer_to_stage(sch, pro, info: GemmBlock):
     try:
         schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), sch.get(info.block).name_hint)
     except s_tir.ScheduleError:
-        return a_blk            # the prologue does not even schedule on its own: stage A's producer
-    return None if find_gemm(probe) is not None else a_blk
-
-
-def _b_producer_to_stage(sch, pro, info: GemmBlock):
-    """The block writing B when inlining B's injective producers would leave the GEMM without plain B
-    indices (V of P.V sliced from a packed projection, reshaped and transposed into heads), else None.
-    Decided on a scratch schedule, as ``_a_producer_to_stage``."""
-    b_blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(info.b_buf)), None)
-    if b_blk is None or any(has_reduce(sch, p) for p in [b_blk, *transitive_producers(sch, b_blk)]):
-        return None
-    probe = s_tir.Schedule(sch.mod)
-    names = {sch.get(b).name_hint for b in pro}
-    probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
-    try:
-        schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), sch.get(info.block).name_hint)
-    except s_tir.ScheduleError:
-        return b_blk
-    return None if find_gemm(probe) is not None else b_blk
+        return blk              # the prologue does not even schedule on its own: stage the producer
+    return None if find_gemm(probe) is not None else blk
 
 
 def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarget) -> int:
