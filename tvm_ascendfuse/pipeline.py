@@ -24,7 +24,7 @@ from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
 from .schedule.apply import ScheduleKernels
-from .switches import ATTENTION_PROJECTION, CHAINED_GEMM, COST_BASED_FUSION, resolve_switches
+from .switches import ATTENTION_PROJECTION, CHAINED_GEMM, CHAINED_GEMM_HOST, COST_BASED_FUSION, resolve_switches
 from .target import AscendTarget, current_target_from_tvm, get_target
 
 
@@ -54,6 +54,13 @@ def _query_apart(switches) -> bool:
     return switches.is_on(ATTENTION_PROJECTION) and switches.is_on(CHAINED_GEMM)
 
 
+def _host_cores(tvm_target) -> int:
+    """Cores of the CPU the kernels will run on (0 when the target is not a CPU)."""
+    if tvm_target is None or tvm_target.kind.name != "llvm":
+        return 0
+    return max(1, int(tvm_target.attrs["num-cores"])) if "num-cores" in tvm_target.attrs else 1
+
+
 def ub_fusion_phase(target, switches, report, tvm_target):
     """Phase 2: pattern groups, legalization, grouping of the rest, one PrimFunc per group.
 
@@ -61,7 +68,8 @@ def ub_fusion_phase(target, switches, report, tvm_target):
     if switches.is_on(COST_BASED_FUSION):
         chained = switches.is_on(CHAINED_GEMM)
         config = GroupingConfig(allow_chained_gemm=chained,
-                                allow_attention_projection=switches.is_on(ATTENTION_PROJECTION))
+                                allow_attention_projection=switches.is_on(ATTENTION_PROJECTION),
+                                chain_host_cores=_host_cores(tvm_target) if switches.is_on(CHAINED_GEMM_HOST) else 0)
         grouping = CostBasedFusionPass(target, report, config)
     else:
         report.touch(COST_BASED_FUSION)

@@ -71,6 +71,7 @@ TBE_ELTWISE = "TbeEltwiseFusionPass"
 TBE_SQUEEZE_EXCITE = "TbeSqueezeExciteFusionPass"
 # UB fusion: the cost-based grouping (grouping/) and what it may put into one kernel
 CHAINED_GEMM = "ChainedGemmFusionPass"
+CHAINED_GEMM_HOST = "ChainedGemmHostCost"
 ATTENTION_PROJECTION = "AttentionProjectionFusionPass"
 COST_BASED_FUSION = "CostBasedFusionPass"
 
@@ -146,6 +147,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "hardsigmoid as one kernel (the channel-wise multiply goes into the next conv's input)"),
     SwitchInfo(CHAINED_GEMM, UB_FUSION,
                "cost-based grouping may chain two GEMMs (FFN up->down projection) in one kernel, per row block"),
+    SwitchInfo(CHAINED_GEMM_HOST, UB_FUSION,
+               "a chained GEMM must also beat two GEMM kernels on the CPU host the build runs on (weights "
+               "re-streamed per row block beyond one per core, partial row blocks); off: the NPU model's answer"),
     SwitchInfo(ATTENTION_PROJECTION, UB_FUSION,
                "cost-based grouping may merge attention with its output projection (+ residual) and its query "
                "projection (+ norm), per block of query rows"),

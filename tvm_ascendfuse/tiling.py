@@ -26,6 +26,23 @@ from .target import AscendTarget
 PANEL_COLS = 128
 
 
+def row_block(rows: int, cap: int) -> int:
+    """Rows per block of a row-blocked kernel: the largest divisor of ``rows`` not above ``cap`` when it is at
+    least half of ``cap`` (no tail), else ``cap`` itself (the last block is partial, its rows predicated).
+    A prime row count (ViT's 197 tokens) would otherwise get blocks of one row, each streaming the weights."""
+    cap = max(1, min(rows, cap))
+    d = largest_divisor(rows, cap)
+    return d if 2 * d >= cap else cap
+
+
+def largest_divisor(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` not above ``cap`` (1 when ``cap`` < 1)."""
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
 @dataclass(frozen=True)
 class TileBuffer:
     elems: int          # elements of the whole tensor
@@ -137,6 +154,16 @@ def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, targe
                                  f"one normalised input row ({staged_row}) of the chained GEMM")
         caps.append((l1_row, target.capacity("local.L1")))
     return row_block_check(row, dtype_bytes, rows, target, what, resident=True, fixed=fixed, caps=caps)
+
+
+def chain_rows_per_block(tile_elems: int, rows: int, n2: int, cores: int, target, dtype_bytes: int = 4) -> int:
+    """Rows per block the chained-GEMM rule runs on a host of ``cores`` cores: the capacity check's rows
+    (``chain_row_block``), at most rows / cores (every core gets a block), at most what L0C holds of the
+    accumulator rows when they live there, then ``row_block`` (a divisor of the rows when one is close)."""
+    cap = min(tile_elems, max(1, rows // max(1, cores)))
+    if accumulator_in_l0c(n2, target, dtype_bytes):
+        cap = min(cap, target.capacity("local.L0C") // target.align_up(n2 * dtype_bytes, "l0c"))
+    return row_block(rows, cap)
 
 
 def staged_rows_bytes(rows_per_block: int, staged_row: int, target, dtype_bytes: int = 4) -> int:

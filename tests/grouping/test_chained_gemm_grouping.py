@@ -169,7 +169,8 @@ def _workload_groups(model):
     from tvm_ascendfuse.switches import resolve_switches
     from tvm_ascendfuse.target import get_target
 
-    npu, report, sw = get_target("ascend910b"), FusionReport(), resolve_switches(None)
+    # the NPU model's structure: the host's cost of a chain (tested apart) left out
+    npu, report, sw = get_target("ascend910b"), FusionReport(), resolve_switches({"ChainedGemmHostCost": "off"})
     host = npu.host_target(portable=True)
     with host:
         mod = tvm.transform.Sequential(graph_fusion_phase(npu, sw, report))(import_onnx(model))
@@ -195,3 +196,58 @@ def test_w3_post_ln_chain_unchanged():
     groups = _workload_groups(bert_layer(seq=16, hidden=64, heads=4, ffn=128))
     [chain] = [g for g in groups if "chain" in g and "kind" not in g["chain"]]
     assert "norm_prologue" not in chain["chain"]
+
+
+# ---- the host's cost of a chain (GroupingConfig.chain_host_cores) ------------------------------------------
+def _host_refusal(report):
+    return [r for r in refusals(report, CHECK_FAILED) if "on this host" in r.get("why", "")]
+
+
+def test_host_one_row_block_per_core_keeps_the_chain_with_its_numbers():
+    """16 rows on 2 cores: one block of 8 rows per core, no weight streamed twice; the chain is kept and
+    the group's report row carries the host's numbers."""
+    fused, report, before, after = check_equivalent(ffn(16, 32, 64), config=GroupingConfig(chain_host_cores=2))
+    assert after == 1 < before and not _host_refusal(report)
+    [row] = [g for g in report.sections["grouping"]["groups"] if "chain" in g]
+    assert row["chain"]["host"] == {
+        "host_cores": 2, "rows_per_block": 8, "row_blocks": 2, "partial_last_block": False,
+        "restreamed_weight_bytes": 0, "saved_intermediate_bytes": 2 * 16 * 64 * 4, "chain_on_host": True}
+
+
+def test_host_refuses_weights_restreamed_beyond_the_saving():
+    """512 rows on 2 cores: the UB's row block (128 rows) makes 4 blocks, two more than cores, each
+    streaming both weights again; their bytes exceed the intermediate's round trip: two GEMM kernels, the
+    numbers in the refusal. The NPU model alone (no host cores) chains the same graph."""
+    mod = ffn(512, 384, 1024, with_ln=False)
+    _, report, _, after = check_equivalent(mod, config=GroupingConfig(chain_host_cores=2))
+    assert after == 2
+    [r] = _host_refusal(report)
+    assert "B of weights re-streamed" in r["why"] and "NPU model alone would chain" in r["why"], r
+    _, npu_report, _, npu_after = check_equivalent(mod)
+    assert npu_after == 1 and not _host_refusal(npu_report)
+
+
+def test_host_refuses_a_partial_last_row_block():
+    """13 rows on 2 cores: blocks of 6 rows leave a partial block (its predicate lands in the micro-kernel,
+    measured 2.7x slower at ViT's 197 rows): two GEMM kernels."""
+    _, report, _, after = check_equivalent(ffn(13, 20, 36, with_ln=False), config=GroupingConfig(chain_host_cores=2))
+    assert after == 2
+    [r] = _host_refusal(report)
+    assert "partial last row block (13 rows, blocks of 6)" in r["why"], r
+
+
+def test_host_row_block_is_the_rules():
+    """The row block the host cost assumes is the one the chained-GEMM rule schedules (pipeline build)."""
+    import re
+
+    from tvm_ascendfuse.api import compile_model
+    from tvm_ascendfuse.grouping.chain import Chain
+    from tvm_ascendfuse.target import get_target
+
+    for rows, k, f in ((96, 32, 64), (64, 48, 256), (200, 16, 32)):
+        res = compile_model(ffn(rows, k, f, with_ln=False), switches={"ChainedGemmHostCost": "off"})
+        cores = int(res.host_target.attrs["num-cores"])
+        want = Chain((0,), 1, 2, frozenset(), rows, k, f, k, False).host_cost(cores, 4, get_target("ascend910b"))
+        notes = [n for ns in res.report.sections["schedule_notes"].values() for n in ns if "row block" in n]
+        [got] = [int(re.search(r"row block (\d+) rows", n).group(1)) for n in notes]
+        assert got == want["rows_per_block"], (rows, got, want)

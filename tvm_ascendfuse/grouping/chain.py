@@ -29,13 +29,17 @@ from tvm import tirx
 from tvm.ir import expr as iexpr
 from tvm.s_tir import stmt as sstmt
 
-from ..tiling import PANEL_COLS, CapacityCheck, chain_row_block, staged_rows_bytes
+from ..tiling import PANEL_COLS, CapacityCheck, chain_row_block, chain_rows_per_block, staged_rows_bytes
 
 # On by default. A chain keeps the intermediate out of GM but streams both weights once per row block (from L2
 # on the NPU), which the byte model does not charge; GroupingConfig.chain_min_saving_vs_weights (grouping/cost.py)
 # therefore keeps only chains whose intermediate round trip is a clear share of their weights: the wide FFN
-# intermediates of BERT and LLaMA chain, equal-width MLP layers do not. On this CPU host a chain with two row
-# blocks per core measured somewhat slower than the two separate kernels, parity at one per core.
+# intermediates of BERT and LLaMA chain, equal-width MLP layers do not. That is the NPU model's answer. A build
+# that runs on a CPU host (GroupingConfig.chain_host_cores > 0) also asks ``Chain.host_cost``: there the
+# weights come from DRAM / the shared last-level cache for every row block beyond one per core, and a partial
+# last row block makes the rule's micro-kernel predicated. Measured on a 2-core host, chained vs two GEMM
+# kernels: 2 row blocks per core 1.05-1.10x slower (BERT, LLaMA FFN), a partial block 2.7x (ViT's 197 rows),
+# one block per core at parity.
 
 ELEMWISE, BROADCAST, INJECTIVE, REDUCE, OUT_EWISE = 0, 1, 2, 3, 4
 
@@ -52,17 +56,50 @@ class Chain:
     n2: int               # width of the second product's output
     norm: bool            # a row reduction (LayerNorm/RMSNorm) follows the second product
     prologue: int | None = None   # a row norm producing the first product(s)' row operand, staged per block
+    host: dict | None = None      # ``host_cost`` when the build runs on a CPU host (reported with the chain)
 
     def saving_vs_weights(self) -> float:
         """GM bytes the chain saves (the intermediate written and read back) per byte of its weights."""
         weights = len(self.first) * self.k1 * self.n1 + self.n1 * self.n2
         return 2 * self.rows * self.n1 / weights if weights else 0.0
 
+    def weight_bytes(self, dtype_bytes: int) -> int:
+        return (len(self.first) * self.k1 * self.n1 + self.n1 * self.n2) * dtype_bytes
+
+    def host_cost(self, cores: int, dtype_bytes: int, target) -> dict:
+        """Whether the chain beats two GEMM kernels on a CPU host of ``cores`` cores, with the numbers.
+
+        Each row block streams both weights; blocks run ``cores`` at a time, so every block beyond one per
+        core streams them once more than the two separate GEMMs do (``restreamed_weight_bytes``), against
+        the intermediate's GM round trip the chain saves. A partial last block (no divisor of the rows near
+        the capacity's block) is refused outright: its predicate sits in the rule's micro-kernel."""
+        check = self.capacity(dtype_bytes, target)
+        m = chain_rows_per_block(check.tile_elems, self.rows, self.n2, cores, target, dtype_bytes)
+        blocks = -(-self.rows // m)
+        restreamed = max(0, blocks - cores) * self.weight_bytes(dtype_bytes)
+        saved = 2 * self.rows * self.n1 * dtype_bytes
+        partial = self.rows % m != 0
+        return {"host_cores": cores, "rows_per_block": m, "row_blocks": blocks, "partial_last_block": partial,
+                "restreamed_weight_bytes": restreamed, "saved_intermediate_bytes": saved,
+                "chain_on_host": not partial and restreamed <= saved}
+
+    def host_refusal(self) -> str:
+        h = self.host
+        why = (f"a partial last row block ({self.rows} rows, blocks of {h['rows_per_block']})"
+               if h["partial_last_block"] else
+               f"{h['restreamed_weight_bytes']} B of weights re-streamed ({h['row_blocks']} row blocks of "
+               f"{h['rows_per_block']} rows on {h['host_cores']} cores) > {h['saved_intermediate_bytes']} B "
+               f"of intermediate round trip saved")
+        return (f"chained GEMM slower than two GEMM kernels on this host: {why}; the NPU model alone would "
+                f"chain it (switch ChainedGemmHostCost off)")
+
     def describe(self, dtype_bytes: int, target, nodes) -> dict:
         """The row block the capacity check settled on, for the grouping report."""
         check = self.capacity(dtype_bytes, target)
         out = {"rows_per_block": check.tile_elems, "ub_bytes": check.needed_bytes,
                "ub_available_bytes": check.available_bytes, "ub_holds": check.what}
+        if self.host is not None:
+            out["host"] = dict(self.host)
         if self.prologue is not None:
             out.update(norm_prologue=nodes[self.prologue].name,
                        normalised_rows_l1_bytes=staged_rows_bytes(check.tile_elems, self.k1, target, dtype_bytes),

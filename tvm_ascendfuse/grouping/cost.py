@@ -35,6 +35,8 @@ class GroupingConfig:
     allow_chained_gemm: bool = True  # a GEMM feeding a second GEMM's row operand, per row block (FFN up->down)
     allow_attention_projection: bool = True  # attention + its output projection, per block of query rows
     chain_min_saving_vs_weights: float = 0.1  # chained GEMM: intermediate round-trip bytes / weight bytes
+    chain_host_cores: int = 0        # > 0: the build runs on a CPU host of that many cores; a chained GEMM must
+                                     # also win there (chain.Chain.host_cost). 0: the NPU model alone
     max_sibling_fanout: int = 8      # sibling candidates looked at per shared tensor
     cube_tile_elems: int = 128 * 128  # output elements of one cube tile (fits L0C with fp32 accumulation)
 

@@ -9,6 +9,8 @@ grouping except through the ``group_of`` callable that ``outputs`` takes. The ro
 
 from __future__ import annotations
 
+import dataclasses
+
 from tvm import relax
 
 from ..target import AscendTarget
@@ -134,6 +136,12 @@ class FusionModel:
             elif found is None:
                 found = (find_chain(self.nodes, members, self.var_node) if self.cfg.allow_chained_gemm
                          else "two cube ops in one kernel (chained GEMMs switched off)")
+                if isinstance(found, Chain) and self.cfg.chain_host_cores > 0:
+                    dt = max(self.nodes[m].out_dtype for m in members)
+                    found = dataclasses.replace(
+                        found, host=found.host_cost(self.cfg.chain_host_cores, dt, self.target))
+                    if not found.host["chain_on_host"]:
+                        found = found.host_refusal()
             self._chains[key] = found
         return self._chains[key]
 

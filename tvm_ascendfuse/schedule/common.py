@@ -13,6 +13,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr, normalize_
 
 from ..ir import dtype_bytes
 from ..target import AscendTarget, get_target
+from ..tiling import largest_divisor, row_block  # noqa: F401  (shared with the grouping's chain costing)
 
 get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
 
@@ -224,23 +225,6 @@ def parallel_vector(sch: s_tir.Schedule, block, lanes: int) -> None:
     if len(loops) > 1:
         try_(sch.parallel, sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
     vectorize_inner(sch, block, lanes)
-
-
-def row_block(rows: int, cap: int) -> int:
-    """Rows per block of a row-blocked kernel: the largest divisor of ``rows`` not above ``cap`` when it is at
-    least half of ``cap`` (no tail), else ``cap`` itself (the last block is partial, its rows predicated).
-    A prime row count (ViT's 197 tokens) would otherwise get blocks of one row, each streaming the weights."""
-    cap = max(1, min(rows, cap))
-    d = largest_divisor(rows, cap)
-    return d if 2 * d >= cap else cap
-
-
-def largest_divisor(n: int, cap: int) -> int:
-    """The largest divisor of ``n`` not above ``cap`` (1 when ``cap`` < 1)."""
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
 
 
 def still_exists(sch: s_tir.Schedule, block) -> bool:
