@@ -199,6 +199,28 @@ def test_epilogue_with_head_split_layout_change():
     assert kernel_usage("k", mod["main"], target).bytes("local.UB") <= 16 * 64 * 4 // 2
 
 
+@pytest.mark.parametrize("rows", [100, 1500])
+def test_layernorm_prologue_head_split_epilogue_ub_as_planned(rows):
+    """LayerNorm -> linear + bias -> reshape into heads (Whisper's query projection): the UB the schedule
+    allocates is at most what the rule's capacity check planned (one register block). The head split's
+    index ``((h * 64 + d) // n + i) % rows`` once made the accumulator rows x nr in UB (192512 B at 1500
+    rows against 188416 usable; the kernel fell to the fallback rule)."""
+    from tvm_ascendfuse.schedule.matmul import planned_ub_bytes
+
+    k, n = 32, 128
+
+    def build(x, g, b, w, bias):
+        return op.reshape(op.add(op.matmul(op.nn.layer_norm(x, g, b, [-1]), w), bias), (1, rows, n // 64, 64))
+
+    target = get_target("ascend910b")
+    func = fused_kernel(build, [(1, rows, k), (k,), (k,), (k, n), (n,)])
+    mod = check_rule(MatmulRule(), func, host=NATIVE, target=target) if rows < 1000 else \
+        MatmulRule().apply(func, target, NATIVE).mod
+    tiles = choose_tiles(rows, n, k, "float32", host_vector(NATIVE), target)
+    assert kernel_usage("k", mod["main"], target).bytes("local.UB") <= planned_ub_bytes(tiles, "float32", target,
+                                                                                       False)
+
+
 def test_epilogue_selecting_by_index_is_not_placed_per_tile():
     """concat -> slice after the GEMM (fuzz seed 539): the slice reads the tile in one branch of an index
     condition, so it must run after the GEMM; per tile it read uninitialised memory."""
