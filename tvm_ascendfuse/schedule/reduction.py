@@ -49,13 +49,18 @@ class GemmNormRule(ScheduleRule):
     """One GEMM (+ injective epilogue: bias, residual) whose output feeds row reductions: matmul + bias +
     residual + LayerNorm/RMSNorm in one kernel. The GEMM runs as its own register-blocked stage over all rows
     (``contraction.schedule_gemm_root``), then the norm one row at a time with the row being normalised in
-    UB; a residual sum that is also an output is a stage of its own between them."""
+    UB; a residual sum that is also an output is a stage of its own between them. Tunable: the GEMM's
+    register block is a sampled decision (``contraction.gemm_root_candidates``)."""
 
     name = "matmul+norm"
     min_products = 1
+    tunable = True      # the GEMM's register block: ``tiles`` chooser (base.ScheduleRule)
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        sch = s_tir.Schedule(func)
+        return self.schedule(s_tir.Schedule(func), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         infos = block_infos(sch)
         if not infos:
             return None
@@ -96,7 +101,9 @@ class GemmNormRule(ScheduleRule):
         for b in chain[:max(0, last_out + 1)]:
             if is_output_block(sch, b.block_rv):
                 tile_injective(sch, b.block_rv, target, host, stage=True)
-        if not schedule_gemm_root(sch, gemm.block_rv, lanes, num_cores(host)):
+        if not schedule_gemm_root(sch, gemm.block_rv, lanes, num_cores(host), choose=self.choose):
+            # (declined before its tile decision) no register block to tune: a space of one point
+            self.choose(sch, "untiled", lambda: ["untiled"])
             # odd output width: no register tile, still reduction-outside loops and parallel rows
             schedule_contraction(sch, gemm.block_rv, lanes)
             loops = sch.get_loops(gemm.block_rv)

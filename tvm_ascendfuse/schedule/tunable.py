@@ -28,6 +28,7 @@ from tvm import s_tir, tirx
 
 from ..errors import AscendFuseError
 from ..target import AscendTarget, get_target
+from .base import Declined, Scheduled
 
 UB_CHECK_SCOPES = ("local.UB", "local.L1", "local.L0A", "local.L0B", "local.L0C")
 
@@ -94,8 +95,12 @@ def apply_tunable(sch: s_tir.Schedule, rule_name: str, target: AscendTarget, hos
     if rule_name not in rules:
         raise AscendFuseError(f"rule '{rule_name}' has no tunable space; tunable rules: {', '.join(rules)}")
     out = rules[rule_name](tiles=chooser).schedule(sch, target, host)
-    if out is None:
-        raise AscendFuseError(f"rule '{rule_name}' declined the kernel under tiles {getattr(chooser, 'last', None)}")
+    if isinstance(out, Scheduled):     # a rule with notes (``apply_with_note``) returns its schedule with one
+        out = out.sch
+    if not isinstance(out, s_tir.Schedule):
+        why = f": {out.reason}" if isinstance(out, Declined) else ""
+        raise AscendFuseError(f"rule '{rule_name}' declined the kernel under tiles "
+                              f"{getattr(chooser, 'last', None)}{why}")
     return out
 
 
