@@ -48,6 +48,26 @@ def _two_products():
                      [(4, 16), (16, 32), (16, 32)])
 
 
+def _grouped(xs, ws, groups, stride=1):
+    def build(x, w, b):
+        return op.nn.relu(op.add(op.nn.conv2d(x, w, strides=stride, padding=[1] * 4, groups=groups), b))
+
+    return _workload(build, [xs, ws, (1, ws[0], 1, 1)])
+
+
+def _max_pool():
+    return _workload(lambda x: op.nn.relu(op.nn.max_pool2d(x, [3, 3], [2, 2], [1, 1, 1, 1])), [(1, 16, 16, 16)])
+
+
+def _conv_pool():
+    """ResNet's stem shape in small: conv + bias + ReLU, then the 3x3/2 max-pool, one kernel."""
+    def build(x, w, b):
+        y = op.nn.relu(op.add(op.nn.conv2d(x, w, strides=2, padding=[1] * 4), b))
+        return op.nn.max_pool2d(y, [3, 3], [2, 2], [1, 1, 1, 1])
+
+    return _workload(build, [(1, 3, 16, 16), (16, 3, 3, 3), (1, 16, 1, 1)])
+
+
 CASES = {
     # name: (rule, workload, host, least points)
     "attention": ("attention", _attention, HOST, 4),
@@ -58,6 +78,10 @@ CASES = {
     # an odd output width: no register block, the space is the rule's schedule alone
     "gemm_norm_untiled": ("matmul+norm", lambda: _proj_add_ln(7, 19, 33), HOST, 1),
     "multi_gemm": ("multi-matmul", _two_products, HOST, 5),
+    "grouped_conv": ("grouped-conv2d", lambda: _grouped((1, 64, 16, 16), (64, 16, 3, 3), 4), NATIVE, 5),
+    "grouped_conv_s2": ("grouped-conv2d", lambda: _grouped((1, 32, 17, 17), (32, 8, 3, 3), 4, 2), HOST, 4),
+    "max_pool": ("pool", _max_pool, HOST, 6),
+    "conv_pool": ("pool", _conv_pool, HOST, 4),
 }
 
 
@@ -92,7 +116,7 @@ def test_every_point_fits_and_matches_the_unscheduled_kernel(case):
         np.testing.assert_allclose(_run(sch.mod, inputs), expected, rtol=1e-4, atol=1e-4, err_msg=str(choice))
 
 
-@pytest.mark.parametrize("case", ["attention", "chained_ffn", "gemm_norm", "multi_gemm"])
+@pytest.mark.parametrize("case", ["attention", "chained_ffn", "gemm_norm", "multi_gemm", "grouped_conv", "max_pool"])
 def test_sampled_decision_is_in_the_trace_and_replays(case):
     rule, make, host, _ = CASES[case]
     workload = make()
@@ -113,4 +137,5 @@ def test_sampled_decision_is_in_the_trace_and_replays(case):
 
 
 def test_the_tunable_rules():
-    assert {"matmul", "conv2d", "attention", "chained-matmul", "matmul+norm", "multi-matmul"} <= set(tunable_rules())
+    assert {"matmul", "conv2d", "attention", "chained-matmul", "matmul+norm", "multi-matmul",
+            "grouped-conv2d", "pool"} <= set(tunable_rules())
