@@ -68,6 +68,14 @@ def _conv_pool():
     return _workload(build, [(1, 3, 16, 16), (16, 3, 3, 3), (1, 16, 1, 1)])
 
 
+def _layer_norm():
+    return _workload(lambda x, g, b: op.nn.layer_norm(x, g, b, [-1]), [(6, 128), (128,), (128,)])
+
+
+def _softmax():
+    return _workload(lambda x: op.nn.softmax(x, -1), [(2, 3, 128)])
+
+
 CASES = {
     # name: (rule, workload, host, least points)
     "attention": ("attention", _attention, HOST, 4),
@@ -80,6 +88,8 @@ CASES = {
     "multi_gemm": ("multi-matmul", _two_products, HOST, 5),
     "grouped_conv": ("grouped-conv2d", lambda: _grouped((1, 64, 16, 16), (64, 16, 3, 3), 4), NATIVE, 5),
     "grouped_conv_s2": ("grouped-conv2d", lambda: _grouped((1, 32, 17, 17), (32, 8, 3, 3), 4, 2), HOST, 4),
+    "layer_norm": ("reduction", _layer_norm, HOST, 3),
+    "softmax": ("reduction", _softmax, NATIVE, 3),
     "max_pool": ("pool", _max_pool, HOST, 6),
     "conv_pool": ("pool", _conv_pool, HOST, 4),
 }
@@ -116,7 +126,7 @@ def test_every_point_fits_and_matches_the_unscheduled_kernel(case):
         np.testing.assert_allclose(_run(sch.mod, inputs), expected, rtol=1e-4, atol=1e-4, err_msg=str(choice))
 
 
-@pytest.mark.parametrize("case", ["attention", "chained_ffn", "gemm_norm", "multi_gemm", "grouped_conv", "max_pool"])
+@pytest.mark.parametrize("case", ["attention", "chained_ffn", "gemm_norm", "multi_gemm", "grouped_conv", "max_pool", "layer_norm"])
 def test_sampled_decision_is_in_the_trace_and_replays(case):
     rule, make, host, _ = CASES[case]
     workload = make()
@@ -138,4 +148,4 @@ def test_sampled_decision_is_in_the_trace_and_replays(case):
 
 def test_the_tunable_rules():
     assert {"matmul", "conv2d", "attention", "chained-matmul", "matmul+norm", "multi-matmul",
-            "grouped-conv2d", "pool"} <= set(tunable_rules())
+            "grouped-conv2d", "pool", "reduction"} <= set(tunable_rules())
