@@ -15,7 +15,7 @@ from tvm_ascendfuse.schedule.apply import DEFAULT_RULES
 from tvm_ascendfuse.schedule.base import Scheduled
 from tvm_ascendfuse.schedule.fast_math import use_fast_math
 from tvm_ascendfuse.schedule.tunable import LeastDrawnTiles, apply_tunable, candidate_schedules, tunable_rules, ub_fits
-from tvm_ascendfuse.schedule.tuned import workload_module
+from tvm_ascendfuse.schedule.tuned import finish_traced, workload_module
 
 
 def _workload(build, shapes):
@@ -76,6 +76,15 @@ def _softmax():
     return _workload(lambda x: op.nn.softmax(x, -1), [(2, 3, 128)])
 
 
+def _depthwise(xs, stride=1):
+    c = xs[1]
+
+    def build(x, w, b):
+        return op.clip(op.add(op.nn.conv2d(x, w, strides=stride, padding=[1] * 4, groups=c), b), 0.0, 6.0)
+
+    return _workload(build, [xs, (c, 1, 3, 3), (1, c, 1, 1)])
+
+
 CASES = {
     # name: (rule, workload, host, least points)
     "attention": ("attention", _attention, HOST, 4),
@@ -90,6 +99,8 @@ CASES = {
     "grouped_conv_s2": ("grouped-conv2d", lambda: _grouped((1, 32, 17, 17), (32, 8, 3, 3), 4, 2), HOST, 4),
     "layer_norm": ("reduction", _layer_norm, HOST, 3),
     "softmax": ("reduction", _softmax, NATIVE, 3),
+    "depthwise": ("depthwise-conv2d", lambda: _depthwise((1, 32, 16, 16)), NATIVE, 6),
+    "depthwise_s2": ("depthwise-conv2d", lambda: _depthwise((1, 16, 16, 16), 2), HOST, 4),
     "max_pool": ("pool", _max_pool, HOST, 6),
     "conv_pool": ("pool", _conv_pool, HOST, 4),
 }
@@ -113,7 +124,8 @@ def test_every_point_fits_and_matches_the_unscheduled_kernel(case):
     points = candidate_schedules(workload, rule, NPU, host)
     result = _rule(rule)().apply_with_note(workload["main"], NPU, host)
     assert isinstance(result, Scheduled)
-    assert tvm_ffi.structural_equal(points[0][1].mod, result.sch.mod)          # untuned = first point
+    # untuned = first point (as a record is applied: with the rewrites no trace records)
+    assert tvm_ffi.structural_equal(finish_traced(points[0][1]).mod, result.sch.mod)
     choices = [c for c, _ in points]
     assert len(points) >= least and len(set(choices)) == len(choices), choices
     assert len({tvm_ffi.structural_hash(s.mod) for _, s in points}) == len(points)
@@ -121,12 +133,13 @@ def test_every_point_fits_and_matches_the_unscheduled_kernel(case):
     inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in workload["main"].params]
     expected = _run(workload, inputs)
     for choice, sch in points:
+        sch = finish_traced(sch)
         assert ub_fits(sch.mod["main"], NPU), choice
         VerifyUBCapacity(NPU)(sch.mod)                          # raises UBCapacityError on overflow
         np.testing.assert_allclose(_run(sch.mod, inputs), expected, rtol=1e-4, atol=1e-4, err_msg=str(choice))
 
 
-@pytest.mark.parametrize("case", ["attention", "chained_ffn", "gemm_norm", "multi_gemm", "grouped_conv", "max_pool", "layer_norm"])
+@pytest.mark.parametrize("case", ["attention", "chained_ffn", "gemm_norm", "multi_gemm", "grouped_conv", "max_pool", "layer_norm", "depthwise"])
 def test_sampled_decision_is_in_the_trace_and_replays(case):
     rule, make, host, _ = CASES[case]
     workload = make()
@@ -148,4 +161,4 @@ def test_sampled_decision_is_in_the_trace_and_replays(case):
 
 def test_the_tunable_rules():
     assert {"matmul", "conv2d", "attention", "chained-matmul", "matmul+norm", "multi-matmul",
-            "grouped-conv2d", "pool", "reduction"} <= set(tunable_rules())
+            "grouped-conv2d", "pool", "reduction", "depthwise-conv2d"} <= set(tunable_rules())

@@ -128,4 +128,16 @@ class TunedRecordRule(ScheduleRule):
                 return Declined(f"the record was tuned for CPU '{tuned_for}', this build is for "
                                 f"'{self.cpu}': not applied")
         sch = self.database.query_schedule(workload, target=host, workload_name="main")
-        return None if sch is None else Scheduled(sch)
+        return None if sch is None else Scheduled(finish_traced(sch))
+
+
+def finish_traced(sch):
+    """A traced schedule as the kernel the rule would have built: the rewrites a trace cannot record (the
+    depthwise rule's register-transposed input copies, ``transpose.rewrite_transposed_stages``) applied to
+    the copies the schedule marked for them. Used on a record's schedule and on every measured candidate."""
+    from tvm import s_tir
+
+    from .transpose import rewrite_transposed_stages
+
+    func, rewritten = rewrite_transposed_stages(sch.mod["main"])
+    return s_tir.Schedule(tvm.IRModule({"main": func})) if rewritten else sch
