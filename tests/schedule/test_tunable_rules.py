@@ -85,10 +85,21 @@ def _depthwise(xs, stride=1):
     return _workload(build, [xs, (c, 1, 3, 3), (1, c, 1, 1)])
 
 
+def _attention_projection():
+    """Attention with heads cut out of a merged QKV, heads merged, projected, + residual (no mask); the
+    workload is the kernel as the rule prepares it (``prepare``: simplified indices)."""
+    from tests.schedule.test_attention_projection import attention_block
+    from tvm_ascendfuse.schedule.attention_projection import AttentionProjectionRule
+
+    shapes, build = attention_block(16, 2, 8, mask=False)
+    return workload_module(AttentionProjectionRule.prepare(_workload(build, shapes)["main"]))
+
+
 CASES = {
     # name: (rule, workload, host, least points)
     "attention": ("attention", _attention, HOST, 4),
     "attention_avx512": ("attention", _attention, NATIVE, 4),
+    "attention_projection": ("attention-projection", _attention_projection, HOST, 3),
     "chained_ffn": ("chained-matmul", _ffn, HOST, 4),
     "chained_norm_swiglu": ("chained-matmul", _rms_swiglu, HOST, 3),
     "gemm_norm": ("matmul+norm", lambda: _proj_add_ln(4, 16, 32), HOST, 5),
@@ -161,4 +172,5 @@ def test_sampled_decision_is_in_the_trace_and_replays(case):
 
 def test_the_tunable_rules():
     assert {"matmul", "conv2d", "attention", "chained-matmul", "matmul+norm", "multi-matmul",
-            "grouped-conv2d", "pool", "reduction", "depthwise-conv2d"} <= set(tunable_rules())
+            "grouped-conv2d", "pool", "reduction", "depthwise-conv2d",
+            "attention-projection"} <= set(tunable_rules())

@@ -1,5 +1,5 @@
-"""``tune_model`` picks up every tunable rule: small models whose kernels fall to the attention, GEMM+norm,
-chained-GEMM, pool, depthwise and grouped-conv rules are tuned end to end (real builds and runs, two
+"""``tune_model`` picks up every tunable rule: small models whose kernels fall to the attention, attention +
+projection, GEMM+norm, chained-GEMM, pool, depthwise and grouped-conv rules are tuned end to end (real builds and runs, two
 candidates per kernel), each such kernel gets records, and the model compiled with them uses the records and
 computes what the untuned build computes."""
 
@@ -48,6 +48,8 @@ MODELS = {
     # name: (model, switches, the rules its tuned kernels must include)
     "transformer": (_transformer, {"AttentionProjectionFusionPass": "off"},
                     {"attention", "matmul+norm", "chained-matmul"}),
+    # records of a rule that rewrites its kernel first (``prepare``) are keyed by the rewritten kernel
+    "transformer_projection": (_transformer, {}, {"attention-projection"}),
     "cnn": (_cnn, {}, {"pool", "depthwise-conv2d", "grouped-conv2d"}),
 }
 

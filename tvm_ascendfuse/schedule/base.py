@@ -55,6 +55,9 @@ class ScheduleRule:
     # ``schedule(sch, target, host)``.
     tunable = False
     tiles = None        # the ``tiles`` chooser of a tunable rule (None: the rule's own choice)
+    # ``prepare(func) -> func``: a rewrite a tunable rule makes of a kernel before scheduling it, which no trace
+    # records (e.g. index simplification); the tuner searches, and records are keyed by, the prepared kernel
+    prepare = None
 
     def __init__(self, tiles=None):
         self.tiles = tiles
