@@ -1,10 +1,12 @@
 """Tunable rules: a built-in rule as a MetaSchedule design space whose tile choice is a sampled decision.
 
-The space of a kernel applies the same rule the schedule phase would (``MatmulRule``, ``Conv2dRule``) to
-MetaSchedule's traced schedule, with its tiles drawn by ``sch.sample_categorical`` over the rule's
-candidates (``matmul.tile_candidates``: register block and K chunk; ``conv_schedule.conv_candidates``:
-register block and blocks of output rows): tiles that fit the target's usable UB (and L1) by the rule's own
-capacity checks, the rule's default first. So every sampled schedule is UB-valid (a postproc re-checks the
+The space of a kernel applies the same rule the schedule phase would (any rule declaring ``tunable``: GEMM,
+conv, grouped/depthwise conv, attention, attention + projection, chained GEMM, GEMM+norm, multi-GEMM,
+reduction, pool) to MetaSchedule's traced schedule, with its tiles drawn by ``sch.sample_categorical`` over
+the rule's candidates (e.g. ``matmul.tile_candidates``: register block and K chunk;
+``conv_schedule.conv_candidates``: register block and blocks of output rows; the row-blocked rules: rows per
+block): tiles that fit the target's usable UB (and L1/L0) by the rule's own capacity checks, the rule's
+default first. So every sampled schedule is UB-valid (a postproc re-checks the
 counted bytes) and the untuned default is one point of the space.
 
 Which rules are tunable comes from the rules themselves (``ScheduleRule.tunable`` and its contract in
