@@ -174,3 +174,23 @@ def test_the_tunable_rules():
     assert {"matmul", "conv2d", "attention", "chained-matmul", "matmul+norm", "multi-matmul",
             "grouped-conv2d", "pool", "reduction", "depthwise-conv2d",
             "attention-projection"} <= set(tunable_rules())
+
+
+def test_multi_gemm_products_share_one_decision():
+    """The first product's draw is every product's register block where it is one of that product's
+    candidates; at the first product's default each product keeps its own default (the untuned schedule)."""
+    from tvm_ascendfuse.schedule.multi_gemm import _SharedTiles
+
+    drawn = []
+
+    def pick(value):
+        return lambda sch, default, candidates: drawn.append(candidates()) or value
+
+    shared = _SharedTiles(pick((2, 2)))
+    assert shared(None, (8, 2), lambda: [(8, 2), (2, 2)]) == (2, 2) and len(drawn) == 1
+    assert shared(None, (4, 1), lambda: [(4, 1), (2, 2)]) == (2, 2)        # the same block for the next product
+    assert shared(None, (4, 1), lambda: [(4, 1), (1, 1)]) == (4, 1)        # not one of its own: its default
+    assert len(drawn) == 1                                                  # one decision in the trace
+    untuned = _SharedTiles(pick((8, 2)))
+    untuned(None, (8, 2), lambda: [(8, 2), (4, 1)])
+    assert untuned(None, (4, 1), lambda: [(4, 1), (8, 2)]) == (4, 1)
