@@ -239,3 +239,21 @@ def test_channels_first_output_matches_unscheduled(shapes_build):
     shapes, build = shapes_build
     _, note = check_rule(ChainedGemmRule(), fused_kernel(build, shapes), with_note=True)
     assert note and "row block" in note and "norm prologue" in note
+
+
+def ffn_ln_nhwc(n, h, w, c, f):
+    """ffn_ln on channels-last rows (N, H, W, C): the rows span three loops."""
+    shapes = [(n, h, w, c), (c, f), (f,), (f, c), (c,), (c,), (c,)]
+    return shapes, ffn_ln(1, 1, 1)[1]
+
+
+@pytest.mark.parametrize("shapes_build", [ffn_ln_nhwc(1, 7, 7, 16, 32), ffn_ln_nhwc(1, 5, 7, 8, 24),
+                                          convnext_ffn(1, 5, 7, 12, 24), convnext_ffn(2, 3, 9, 8, 16)])
+def test_rows_over_several_loops_get_whole_inner_rows(shapes_build):
+    """Rows over (N, H, W) loops: a row block of whole W rows (or a divisor of W), so row blocks do not overlap
+    (else the row-block loop could not run in parallel) and no block has a partial tail."""
+    shapes, build = shapes_build
+    _, note = check_rule(ChainedGemmRule(), fused_kernel(build, shapes), with_note=True)
+    m = int(note.split("row block ")[1].split(" rows")[0])
+    w = shapes[0][2]
+    assert m % w == 0 or w % m == 0, note

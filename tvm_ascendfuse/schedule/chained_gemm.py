@@ -156,13 +156,11 @@ class ChainedGemmRule(ScheduleRule):
             cap = min(cap, target.capacity(L0C_SCOPE) // target.align_up(n2 * 4, "l0c"))
         out_loops = sch.get_loops(get(after[-1]))
         channels_first = _channels_first_output(sch, out_loops, rows, n2)
-        # a channels-first output is stored one channel at a time over a row block's rows: a row block within
-        # one image keeps that store contiguous, and no tail (a partial block over the fused N x spatial loops
-        # has non-affine bindings, and the parallel row-block loop would be refused)
-        if channels_first:
-            m = largest_divisor(rows // extent(sch, out_loops[0]), cap)
-        else:
-            m = row_block(rows, cap)
+        # rows spread over several loops (N, H, W): a row block must cover whole inner rows (a divisor of W, or
+        # whole W rows times a divisor of H, ...): otherwise the product's rows computed for one block overlap
+        # the next block's and the row-block loop cannot run in parallel. It also keeps a channels-first
+        # output's per-channel store one contiguous run
+        m = _aligned_row_block(sdom[:-2], cap) or row_block(rows, cap)
 
         # weights pre-packed into the column panels the register blocks walk
         v2 = vector_width_for(n2, lanes)
@@ -263,3 +261,19 @@ def _channels_first_output(sch, loops, rows: int, n2: int) -> bool:
     if math.prod(ext[:-1]) == rows and ext[-1] == n2:
         return False
     return ext[1] == n2 and ext[0] * math.prod(ext[2:]) == rows
+
+
+def _aligned_row_block(dims, cap: int) -> int | None:
+    """The largest row block not above ``cap`` made of whole inner row loops: a divisor of the innermost
+    non-unit extent, or all of it times a divisor of the next, and so on. None for rows in one loop."""
+    dims = [d for d in dims if d != 1]
+    if len(dims) < 2:
+        return None
+    inner, best = 1, 1
+    for d in reversed(dims):
+        c = largest_divisor(d, max(1, cap // inner))
+        best = max(best, inner * c)
+        if c < d:
+            break
+        inner *= d
+    return best
