@@ -1,6 +1,6 @@
 """CNN blocks of the deployed families (``workloads/cnn_blocks.py``) through our pipeline vs onnxruntime:
 squeeze-excite inverted residuals (EfficientNet / MobileNetV3), DenseNet layers with pre-activation BN+ReLU,
-GoogLeNet inception modules, SqueezeNet fire modules. Each agrees with ORT and no kernel lands on the fallback
+GoogLeNet inception modules, SqueezeNet fire modules, ConvNeXt blocks. Each agrees with ORT and no kernel lands on the fallback
 rule; the kernel assertions state what the CNN fusions give (SE on its own rule, BN+ReLU in the next conv's
 input, sibling 1x1 convs merged)."""
 
@@ -28,6 +28,9 @@ BLOCKS = {
     "dense_batch2": lambda: cnn_blocks.dense_block(channels=16, growth=8, layers=2, hw=8, batch=2),
     "inception": lambda: cnn_blocks.inception_block(channels=24, hw=12),
     "fire": lambda: cnn_blocks.fire_block(channels=16, hw=15),
+    "convnext": lambda: cnn_blocks.convnext_block(channels=24, hw=14),
+    "convnext_odd_batch2": lambda: cnn_blocks.convnext_block(channels=20, hw=10, depth=1, batch=2),
+    "convnext_ln2d_reduce": lambda: cnn_blocks.convnext_block(channels=16, hw=8, depth=1, ln2d="reduce"),
 }
 
 

@@ -251,3 +251,19 @@ def test_host_row_block_is_the_rules():
         notes = [n for ns in res.report.sections["schedule_notes"].values() for n in ns if "row block" in n]
         [got] = [int(re.search(r"row block (\d+) rows", n).group(1)) for n in notes]
         assert got == want["rows_per_block"], (rows, got, want)
+
+
+def test_chain_with_two_outputs_after_the_second_product_refused():
+    # the residual sum is an output, and so is a mean over it (a channel mean of a channels-first
+    # LayerNorm2d): the chained kernel writes one output, so the mean is not taken into the chain
+    def body(bb, x, w1, w2):
+        y = bb.emit(op.add(op.matmul(bb.emit(op.nn.relu(op.matmul(x, w1))), w2), x))
+        m = bb.emit(op.mean(y, axis=[1], keepdims=True))
+        return relax.Tuple([y, m])
+    _, report, _, after = check_equivalent(build([(13, 32), (32, 96), (96, 32)], body))
+    assert after >= 2
+    for g in _groups(report):
+        if "chain" in g:
+            assert "mean" not in g["ops"], g["ops"]
+    assert any("more than one output after the second product" in r.get("why", "")
+               for r in refusals(report, CHECK_FAILED))

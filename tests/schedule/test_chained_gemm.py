@@ -212,3 +212,48 @@ def test_row_block_prefers_a_divisor_without_a_tail():
     assert row_block(197, 98) == 98          # prime: a partial last block instead of 1-row blocks
     assert row_block(12, 100) == 12
     assert row_block(5, 0) == 1
+
+
+def convnext_ffn(n, h, w, c, f, norm_after=False):
+    """A ConvNeXt block's point-wise part: channels-last rows (N, H, W, C) -> LayerNorm over C -> linear ->
+    GELU -> linear -> permute back to NCHW -> layer scale (C, 1, 1) -> + residual (NCHW); ``norm_after``:
+    then a LayerNorm over the channels of the NCHW result (LayerNorm2d, a stage's downsample) in NCHW."""
+    shapes = [(n, h, w, c), (c,), (c,), (c, f), (f,), (f, c), (c,), (c, 1, 1), (n, c, h, w)]
+    if norm_after:
+        shapes += [(c,), (c,)]
+
+    def build(x, g, b, w1, b1, w2, b2, scale, res, *g2):
+        y = op.add(op.matmul(op.nn.gelu(op.add(op.matmul(op.nn.layer_norm(x, g, b, [-1]), w1), b1)), w2), b2)
+        out = op.add(op.multiply(scale, op.permute_dims(y, [0, 3, 1, 2])), res)
+        if g2:
+            out = op.permute_dims(op.nn.layer_norm(op.permute_dims(out, [0, 2, 3, 1]), g2[0], g2[1], [-1]),
+                                  [0, 3, 1, 2])
+        return out
+    return shapes, build
+
+
+@pytest.mark.parametrize("shapes_build", [convnext_ffn(1, 8, 8, 32, 128), convnext_ffn(2, 5, 7, 24, 96),
+                                          convnext_ffn(1, 7, 7, 20, 80), convnext_ffn(2, 4, 6, 16, 64, True)])
+def test_channels_first_output_matches_unscheduled(shapes_build):
+    """ConvNeXt's point-wise part ends in NCHW: the rows are N x H x W, each channel's rows stored as one run."""
+    shapes, build = shapes_build
+    _, note = check_rule(ChainedGemmRule(), fused_kernel(build, shapes), with_note=True)
+    assert note and "row block" in note and "norm prologue" in note
+
+
+def ffn_ln_nhwc(n, h, w, c, f):
+    """ffn_ln on channels-last rows (N, H, W, C): the rows span three loops."""
+    shapes = [(n, h, w, c), (c, f), (f,), (f, c), (c,), (c,), (c,)]
+    return shapes, ffn_ln(1, 1, 1)[1]
+
+
+@pytest.mark.parametrize("shapes_build", [ffn_ln_nhwc(1, 7, 7, 16, 32), ffn_ln_nhwc(1, 5, 7, 8, 24),
+                                          convnext_ffn(1, 5, 7, 12, 24), convnext_ffn(2, 3, 9, 8, 16)])
+def test_rows_over_several_loops_get_whole_inner_rows(shapes_build):
+    """Rows over (N, H, W) loops: a row block of whole W rows (or a divisor of W), so row blocks do not overlap
+    (else the row-block loop could not run in parallel) and no block has a partial tail."""
+    shapes, build = shapes_build
+    _, note = check_rule(ChainedGemmRule(), fused_kernel(build, shapes), with_note=True)
+    m = int(note.split("row block ")[1].split(" rows")[0])
+    w = shapes[0][2]
+    assert m % w == 0 or w % m == 0, note

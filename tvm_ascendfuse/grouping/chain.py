@@ -208,6 +208,11 @@ def _chain(nodes, mset, first, c2, var_node) -> Chain | str | None:
             return "chained GEMM: the intermediate is also used outside the chain"
     # everything else: an injective prologue of the first product(s), or what follows the second product
     after = reachable(nodes, [c2], mset, "users")
+    outs = [m for m in after | {c2} if nodes[m].escapes or not set(nodes[m].users) <= mset]
+    if len(outs) > 1:
+        # e.g. the residual sum and a channel mean of it (a channels-first LayerNorm2d cut after its first
+        # reduction): the rule writes one output, the last op's rows
+        return "chained GEMM: more than one output after the second product"
     rest = mset - path - set(first) - {c2} - after
     heavy = [m for m in rest if nodes[m].pattern > INJECTIVE]
     prologue = None

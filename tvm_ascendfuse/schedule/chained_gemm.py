@@ -172,8 +172,20 @@ class ChainedGemmRule(ScheduleRule):
         most = check.tile_elems                  # rows per block the capacity allows
         if acc_scope == L0C_SCOPE:
             most = min(most, target.capacity(L0C_SCOPE) // target.align_up(n2 * 4, "l0c"))
-        m = row_block(rows, min(most, max(1, rows // max(1, cores))))
-        m = self.choose(sch, m, lambda: row_block_candidates(m, rows, most))
+        out_loops = sch.get_loops(get(after[-1]))
+        channels_first = _channels_first_output(sch, out_loops, rows, n2)
+        # rows spread over several loops (N, H, W): a row block must cover whole inner rows (a divisor of W, or
+        # whole W rows times a divisor of H, ...): otherwise the product's rows computed for one block overlap
+        # the next block's and the row-block loop cannot run in parallel. It also keeps a channels-first
+        # output's per-channel store one contiguous run
+        cap = min(most, max(1, rows // max(1, cores)))
+        m = _aligned_row_block(sdom[:-2], cap)
+        if m is None:
+            m = row_block(rows, cap)
+            m = self.choose(sch, m, lambda: row_block_candidates(m, rows, most))
+        else:
+            m = self.choose(sch, m, lambda: list(dict.fromkeys(
+                [m] + [_aligned_row_block(sdom[:-2], c) for c in range(1, min(rows, most) + 1)])))
 
         # weights pre-packed into the column panels the register blocks walk
         v2 = vector_width_for(n2, lanes)
@@ -194,7 +206,12 @@ class ChainedGemmRule(ScheduleRule):
         # anchor: rows of the output block, m at a time; every other stage at that row-block loop
         out = get(after[-1])
         loops = sch.get_loops(out)
-        if len(loops) < 2 or math.prod(extent(sch, l) or 0 for l in loops[:-1]) != rows:
+        if channels_first:
+            # the output is (N, C, spatial...): the rows are N x spatial, C the product's columns (ConvNeXt's
+            # permute back to NCHW before the layer scale and the residual)
+            sch.reorder(loops[0], *loops[2:], loops[1])
+            loops = sch.get_loops(out)
+        elif len(loops) < 2 or math.prod(extent(sch, l) or 0 for l in loops[:-1]) != rows:
             return None
         row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
         rb, _ = sch.split(row, [None, m])
@@ -202,6 +219,11 @@ class ChainedGemmRule(ScheduleRule):
         keep |= {after[-1], plan["inter"], *plan["first"], *norm_blocks}
         for b in reversed([b for b in root_blocks(sch) if block_name(sch, b) not in keep]):
             sch.compute_at(b, rb, preserve_unit_loops=True)
+        if channels_first:
+            # channel outer, the block's rows inner: each channel's rows are one contiguous run of the output
+            # (the accumulator rows are read with a stride of n2 from L0C, which stays in cache)
+            ri, ci = sch.get_loops(out)[-2:]
+            sch.reorder(ci, ri)
         innermost_vector(sch, out, lanes)
         if cores > 1 and -(-rows // m) > 1:
             sch.parallel(rb)              # before any decompose_reduction (parallel needs whole reductions)
@@ -253,3 +275,30 @@ class ChainedGemmRule(ScheduleRule):
                      f"({staged_rows_bytes(m, k1, target)} B of {target.capacity(L1_SCOPE)} B)")
         sch.annotate(second, "ascendfuse.schedule", note)
         return Scheduled(sch, note)
+
+
+def _channels_first_output(sch, loops, rows: int, n2: int) -> bool:
+    """Whether the output block's loops are (N, C, spatial...) over the product's (N x spatial) rows and its
+    C = n2 columns, rather than rows x columns (the row-major case wins when both extents fit)."""
+    ext = [extent(sch, l) for l in loops]
+    if len(ext) < 3 or any(e is None for e in ext):
+        return False
+    if math.prod(ext[:-1]) == rows and ext[-1] == n2:
+        return False
+    return ext[1] == n2 and ext[0] * math.prod(ext[2:]) == rows
+
+
+def _aligned_row_block(dims, cap: int) -> int | None:
+    """The largest row block not above ``cap`` made of whole inner row loops: a divisor of the innermost
+    non-unit extent, or all of it times a divisor of the next, and so on. None for rows in one loop."""
+    dims = [d for d in dims if d != 1]
+    if len(dims) < 2:
+        return None
+    inner, best = 1, 1
+    for d in reversed(dims):
+        c = largest_divisor(d, max(1, cap // inner))
+        best = max(best, inner * c)
+        if c < d:
+            break
+        inner *= d
+    return best

@@ -213,6 +213,15 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
     last_blk = blocks[-1]
     if not sch.get(last_blk).name_hint == sch.get(last.block_rv).name_hint:
         return False, None
+    rf_names = {sch.get(b).name_hint for b in rf_blocks}
+    row_shapes = {tuple(b.dom()[:nrow]) for b in infos if b.is_reduction()} | {tuple(last.dom()[:nrow])}
+    if nrow == 0 or len(row_shapes) > 1:
+        # no one row loop: a pooling reduction over the GEMM's rows, then a norm over the pooled vector
+        # (ConvNeXt's head: 768 channel rows, then one row of 768). Put under the last block's first loop
+        # (its columns), every block would be recomputed once per column. Each block runs once, vectorised
+        for blk in blocks:
+            _vectorise_row_block(sch, blk, rf_names, lanes)
+        return True, note
     row_loops = loops_through(sch, last_blk, last, nrow)
     row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
     cores = num_cores(host)
@@ -223,13 +232,16 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         try_(sch.parallel, row)
 
     # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
-    rf_names = {sch.get(b).name_hint for b in rf_blocks}
     for blk in blocks_under(sch, row):
-        name = sch.get(blk).name_hint
-        if name in rf_names:
-            vectorize_rf(sch, blk)
-        elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
-            innermost_vector(sch, blk, lanes)
-        elif is_contraction(sch, blk):
-            schedule_contraction(sch, blk, lanes)
+        _vectorise_row_block(sch, blk, rf_names, lanes)
     return True, note
+
+
+def _vectorise_row_block(sch: s_tir.Schedule, blk, rf_names, lanes: int) -> None:
+    name = sch.get(blk).name_hint
+    if name in rf_names:
+        vectorize_rf(sch, blk)
+    elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
+        innermost_vector(sch, blk, lanes)
+    elif is_contraction(sch, blk):
+        schedule_contraction(sch, blk, lanes)

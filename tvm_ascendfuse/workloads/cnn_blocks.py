@@ -10,7 +10,10 @@ of a ReLU, which cannot be folded, left as a node):
 * ``inception_block``: GoogLeNet's four branches over one input (1x1; 1x1 -> 3x3; 1x1 -> 5x5 or 3x3;
   3x3 stride-1 max-pool -> 1x1) joined by a concat, twice in a row so a concat also feeds convs;
 * ``fire_block``: SqueezeNet's fire modules (squeeze 1x1 -> expand 1x1 | expand 3x3 -> concat), two of them
-  with a max-pool in between.
+  with a max-pool in between;
+* ``convnext_block``: ConvNeXt blocks (depthwise 7x7 -> permute to channels-last -> LayerNorm -> linear ->
+  GELU -> linear -> permute back -> layer scale -> + residual), a downsample (LayerNorm over the channels ->
+  2x2 stride-2 conv) and blocks at the wider stage.
 
 Every builder takes keyword sizes; the defaults are small enough for the tests to run them end to end against
 onnxruntime. ``batch`` may be a symbolic name (a string) for a dynamic batch dimension.
@@ -24,7 +27,7 @@ import onnx
 
 from ..errors import ModelError
 from ._graph import GraphWriter
-from ._layers import batchnorm
+from ._layers import batchnorm, gelu_erf, layernorm, linear
 
 
 def _conv(g: GraphWriter, x: str, cin: int, cout: int, k: int, stride: int = 1, group: int = 1,
@@ -179,3 +182,52 @@ def fire_block(channels: int = 32, hw: int = 16, squeeze: int = 8, expand: int =
     fire(y, 2 * expand, squeeze * 2, expand * 2)
     g.nodes[-1].output[0] = "y"
     return g.finish({"y": [_batch(batch), 4 * expand, out, out]}, fire_block.__doc__)
+
+
+def _layernorm2d(g: GraphWriter, x: str, c: int, form: str) -> str:
+    """LayerNorm over the channels of an NCHW tensor: torchvision's permute -> LayerNorm -> permute
+    (``"permute"``), or the channels-first reductions of other ConvNeXt code (``"reduce"``: mean and variance
+    over axis 1, then the per-channel scale and shift)."""
+    if form == "permute":
+        t = g.op("Transpose", [x], "ln2d_in", perm=[0, 2, 3, 1])
+        return g.op("Transpose", [layernorm(g, t, c, eps=1e-6, hint="ln2d")], "ln2d", perm=[0, 3, 1, 2])
+    if form == "reduce":
+        mean = g.op("ReduceMean", [x], "ln2d_mean", axes=[1], keepdims=1)
+        d = g.op("Sub", [x, mean], "ln2d_centred")
+        var = g.op("ReduceMean", [g.op("Mul", [d, d], "ln2d_sq")], "ln2d_var", axes=[1], keepdims=1)
+        std = g.op("Sqrt", [g.op("Add", [var, g.const(1e-6, "eps")], "ln2d_var_eps")], "ln2d_std")
+        y = g.op("Div", [d, std], "ln2d_norm")
+        y = g.op("Mul", [y, g.uniform((c, 1, 1), 0.8, 1.2, "ln2d_gamma")], "ln2d_scaled")
+        return g.op("Add", [y, g.normal((c, 1, 1), 0.1, "ln2d_beta")], "ln2d")
+    raise ModelError(f"LayerNorm2d form must be 'permute' or 'reduce', not {form!r}")
+
+
+def _convnext(g: GraphWriter, x: str, c: int, expand: int) -> str:
+    t = _conv(g, x, c, c, 7, group=c, hint="dw")
+    t = g.op("Transpose", [t], "to_nhwc", perm=[0, 2, 3, 1])
+    t = layernorm(g, t, c, eps=1e-6, hint="ln")
+    t = linear(g, gelu_erf(g, linear(g, t, c, expand * c, hint="fc1")), expand * c, c, hint="fc2")
+    t = g.op("Transpose", [t], "to_nchw", perm=[0, 3, 1, 2])
+    t = g.op("Mul", [g.uniform((c, 1, 1), 0.5, 1.0, "layer_scale"), t], "scaled")
+    return g.op("Add", [t, x], "residual")
+
+
+def convnext_block(channels: int = 24, hw: int = 14, depth: int = 2, expand: int = 4, batch=1,
+                   ln2d: str = "permute", seed: int = 0) -> onnx.ModelProto:
+    """``depth`` ConvNeXt blocks at ``channels``, a downsample (LayerNorm2d -> 2x2 stride-2 conv to twice
+    the channels) and ``depth`` blocks at the wider stage (``hw`` even). ``ln2d``: the LayerNorm2d's form
+    (``_layernorm2d``)."""
+    if hw % 2:
+        raise ModelError(f"convnext_block needs an even hw for its stride-2 downsample, not {hw}")
+    g = GraphWriter("convnext_block", seed)
+    x = g.input("x", [_batch(batch), channels, hw, hw])
+    for _ in range(depth):
+        x = _convnext(g, x, channels, expand)
+    x = _layernorm2d(g, x, channels, ln2d)
+    w = g.normal((2 * channels, channels, 2, 2), math.sqrt(1.0 / (channels * 4)), "down_w")
+    x = g.op("Conv", [x, w, g.normal((2 * channels,), 0.1, "down_b")], "down", kernel_shape=[2, 2],
+             strides=[2, 2], pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
+    for _ in range(depth):
+        x = _convnext(g, x, 2 * channels, expand)
+    g.nodes[-1].output[0] = "y"
+    return g.finish({"y": [_batch(batch), 2 * channels, hw // 2, hw // 2]}, convnext_block.__doc__)
