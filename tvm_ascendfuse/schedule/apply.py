@@ -30,6 +30,7 @@ from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
 from .fast_math import use_fast_math
 from .grouped_conv import GroupedConv2dRule
+from .indices import simplify_indices
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
@@ -144,7 +145,9 @@ class ApplyUBSchedules(PyPass):
         """(new function, rule name, notes, rule errors) for one kernel; the function is unchanged when no rule
         fits. A rule error is ``{"rule": name, "message": the exception}``."""
         notes, errors = [], []
-        prepared = use_fast_math(normalize_scope_aliases(func))
+        # reshape indices simplified first: an unsimplified ``% rows`` made an epilogue read every row of a tile
+        # column and its accumulator spill out of the tile (indices.py)
+        prepared = simplify_indices(use_fast_math(normalize_scope_aliases(func)))
         products = product_blocks(prepared)
         for rule in self._rules(host):
             if products < rule.min_products:
