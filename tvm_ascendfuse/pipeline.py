@@ -78,10 +78,11 @@ def ub_fusion_phase(target, switches, report, tvm_target):
     ]
 
 
-def schedule_phase(target, report, tvm_target):
-    """Phase 3: one UB-tiled schedule per kernel (first accepting rule per kind); constant weights that a
-    rule re-lays out are packed once at compile time."""
-    return [ScheduleKernels(target, report, tvm_target)]
+def schedule_phase(target, report, tvm_target, rules=None):
+    """Phase 3: one UB-tiled schedule per kernel (first accepting rule per kind, only schedules that fit the
+    on-chip buffers: else smaller tiles, else the next rule); constant weights that a rule re-lays out are
+    packed once at compile time."""
+    return [ScheduleKernels(target, report, tvm_target, rules)]
 
 
 def verification_phase(target, report):
@@ -116,13 +117,15 @@ class AscendFusePipeline(PyPass):
     """The whole pipeline as one pass; ``.report`` holds what it did after it ran.
 
     ``traffic_baseline=True`` adds the TVM-default rows of the report's traffic table (a second legalization
-    and fusion of the model: report-only, off by default so that compiling stays fast)."""
+    and fusion of the model: report-only, off by default so that compiling stays fast). ``rules``: the
+    schedule rules to use instead of ``schedule.apply.default_rules`` (instances or classes, in order)."""
 
     def __init__(self, target: AscendTarget | str | None = None, switches=None,
-                 report: FusionReport | None = None, traffic_baseline: bool = False):
+                 report: FusionReport | None = None, traffic_baseline: bool = False, rules=None):
         self._target_spec = target
         self._switch_spec = switches
         self.traffic_baseline = traffic_baseline
+        self.rules = rules
         self.report = report if report is not None else FusionReport()
         self.snapshots: dict[str, tvm.IRModule] = {}   # module after each phase, for reports and debugging
 
@@ -148,7 +151,7 @@ class AscendFusePipeline(PyPass):
         return baseline + [
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
             ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target)),
-            ("schedule", schedule_phase(target, r, tvm_target)),
+            ("schedule", schedule_phase(target, r, tvm_target, self.rules)),
             ("verify", verification_phase(target, r)),
             ("lowering", lowering_phase(tvm_target)),
         ]
@@ -178,8 +181,9 @@ class AscendFusePipeline(PyPass):
         return mod
 
 
-def ascendfuse_pipeline(target=None, switches=None, report=None, traffic_baseline=False) -> AscendFusePipeline:
-    return AscendFusePipeline(target, switches, report, traffic_baseline)
+def ascendfuse_pipeline(target=None, switches=None, report=None, traffic_baseline=False,
+                        rules=None) -> AscendFusePipeline:
+    return AscendFusePipeline(target, switches, report, traffic_baseline, rules)
 
 
 if "ascendfuse" not in relax.pipeline.PIPELINE_MAP:
