@@ -11,7 +11,8 @@ verification phase counts them), so capacity never aborts a build. One that does
 smaller tiles: the rule sizes its tiles from the target, so it is asked again for a target whose overflowing
 buffer is as much smaller as the schedule was too big (then half that). If that does not fit either, the next
 rule is tried (the fallback rule stages nothing on chip). Each such kernel is recorded under
-``ub_overflow_recovered`` with the bytes and what was done.
+``ub_overflow_recovered`` with the bytes and what was done. Every schedule's vector widths and unrolling are
+bounded so that no kernel's code explodes in LLVM (``code_size.py``; what it changed is noted too).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .attention import AttentionRule
 from .base import Declined, Scheduled
 from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
+from .code_size import bound_code_size
 from .common import host_of
 from .conv import Conv2dRule
 from .depthwise_conv import DepthwiseConv2dRule
@@ -213,6 +215,9 @@ class ApplyUBSchedules(PyPass):
                 new = new.with_attr(key, value)
             if result.note:
                 notes.append(result.note)
+            # whichever rule made it: no vector or unrolled nest that makes LLVM's time explode (code_size.py)
+            new, size_notes = bound_code_size(new, host)
+            notes += size_notes
             for record in overflows:
                 record["final_rule"] = rule.name
             return new.with_attr("tirx.is_scheduled", True), rule.name, notes, errors, overflows
