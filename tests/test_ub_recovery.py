@@ -1,5 +1,6 @@
 """A schedule over on-chip capacity never aborts a build: the schedule phase asks the rule again with smaller
-tiles, else takes the next rule; the report says what happened (``ub_overflow_recovered`` with the bytes). Rules that over-allocate on purpose
+tiles, else takes the next rule, and the pipeline splits a group whose kernel thereby fell to the fallback
+rule; the report says what happened (``ub_overflow_recovered`` with the bytes). Rules that over-allocate on purpose
 stand in for a rule whose tiles disagree with the grouping's capacity check."""
 
 import dataclasses
@@ -14,6 +15,8 @@ from tvm_ascendfuse.pipeline import AscendFusePipeline
 from tvm_ascendfuse.schedule.base import ScheduleRule
 from tvm_ascendfuse.schedule.elementwise import ElementwiseRule
 from tvm_ascendfuse.schedule.fallback import FallbackRule
+from tvm_ascendfuse.schedule.matmul import MatmulRule
+from tvm_ascendfuse.schedule.reduction import ReductionRule
 from tvm_ascendfuse.target import get_target
 
 NPU = get_target("ascend910b")
@@ -107,4 +110,18 @@ def test_overflow_that_smaller_tiles_cannot_fix_takes_the_next_rule():
     assert record["action"] == "next_rule" and record["rule"] == "huge" and record["final_rule"] == "elementwise"
     assert record["needed_bytes"] > record["available_bytes"]
     assert [k["rule"] for k in report.kernels] == ["elementwise"]
+    _check(mod, ex)
+def test_group_that_lost_its_rule_is_split_back():
+    # matmul -> multiply -> tanh is grouped for the matmul rule; when that rule's schedule cannot fit, the kernel
+    # would run on the fallback rule: the pipeline groups again without that group
+    mod = _module(lambda x, w, b: relax.op.tanh(relax.op.multiply(relax.op.matmul(x, w), b)),
+                  [(256, 256), (256, 256), (256,)])
+    ex, report = _compile(mod, [HugeTiles(MatmulRule(), "matmul"), ReductionRule, ElementwiseRule, FallbackRule])
+    records = report.sections["ub_overflow_recovered"]
+    [split] = [r for r in records if r["action"] == "split_group"]
+    assert split["needed_bytes"] > split["available_bytes"] == NPU.ub_usable
+    assert split["instead_of_rule"] == "fallback" and split["ops"] == ["matmul", "multiply", "tir_tanh"]
+    # the epilogue is no longer in the matmul's kernel: it runs on the rule that takes it well
+    rules = {tuple(k["ops"]): k["rule"] for k in report.kernels}
+    assert rules == {("matmul",): "fallback", ("multiply", "tir_tanh"): "elementwise"}
     _check(mod, ex)
