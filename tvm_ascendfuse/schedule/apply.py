@@ -143,6 +143,13 @@ def _wide_packed_on_chip(func: tirx.PrimFunc) -> str | None:
     return None
 
 
+def prepared_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The kernel as every rule reads it: scope aliases normalised, fast math, and reshape indices simplified
+    (an unsimplified ``% rows`` made an epilogue read every row of a tile column and its accumulator spill out
+    of the tile, ``indices.py``). The tuner keys its workloads by the same form (``tune/kernels.py``)."""
+    return simplify_indices(use_fast_math(normalize_scope_aliases(func)))
+
+
 def _rule_instances(rules):
     return [r() if isinstance(r, type) else r for r in rules]
 
@@ -179,9 +186,7 @@ class ApplyUBSchedules(PyPass):
         when no rule fits. A rule error is ``{"rule": name, "message": the exception}``; an overflow the record
         of a schedule over on-chip capacity and what was done about it (``ub_overflow_recovered``)."""
         notes, errors, overflows = [], [], []
-        # reshape indices simplified first: an unsimplified ``% rows`` made an epilogue read every row of a tile
-        # column and its accumulator spill out of the tile (indices.py)
-        prepared = simplify_indices(use_fast_math(normalize_scope_aliases(func)))
+        prepared = prepared_kernel(func)
         products = product_blocks(prepared)
         for rule in self._rules(host):
             if products < rule.min_products:
