@@ -40,9 +40,22 @@ def test_split_balances_and_keeps_every_function():
     tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)})
     parts = split_module(tir_mod, 2)
     assert len(parts) == 2
-    names = sorted(gv.name_hint for p in parts for gv in p.get_global_vars())
+    assert all(len(unit.get_global_vars()) == 1 for p in parts for unit in p)   # one module per kernel
+    names = sorted(gv.name_hint for p in parts for unit in p for gv in unit.get_global_vars())
     assert names == sorted(gv.name_hint for gv in tir_mod.get_global_vars())
-    assert split_module(tir_mod, 1) == [tir_mod]
+    [one] = split_module(tir_mod, 1)
+    assert len(one) == len(names)
+
+
+def test_every_kernel_build_is_timed_in_the_report():
+    result = af.compile_model(_bert(), portable=True, jobs=2)
+    build = result.report.sections["build"]
+    kernels = {k["name"] for k in result.report.kernels}
+    assert set(build["kernel_seconds"]) == kernels
+    assert all(s >= 0 for s in build["kernel_seconds"].values())
+    slowest = build["slowest_kernels"]
+    assert slowest and slowest[0]["seconds"] == max(build["kernel_seconds"].values())
+    assert all(k.get("build_seconds") is not None for k in result.report.kernels)
 
 
 @I.ir_module
@@ -65,7 +78,7 @@ class _Calls:
 def test_functions_calling_each_other_stay_in_one_module():
     independent = tvm.IRModule({gv: f for gv, f in _Calls.functions.items() if gv.name_hint != "caller"})
     assert len(split_module(independent, 2)) == 2
-    assert split_module(_Calls, 2) == [_Calls]
+    assert split_module(_Calls, 2) == [[_Calls]]
 
 
 def test_default_jobs_leaves_busy_cores_out(monkeypatch):

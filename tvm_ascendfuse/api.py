@@ -39,7 +39,9 @@ def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", 
     npu = get_target(target)
     host = npu.host_target(portable=portable)
     pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline)
-    ex = build(mod, host, pipeline, jobs=jobs)
+    timings: dict = {}
+    ex = build(mod, host, pipeline, jobs=jobs, timings=timings)
+    record_build_times(pipeline.report, timings)
     if mod.attrs is not None and "ascendfuse.frontend" in mod.attrs:
         # what the ONNX frontend repaired before import (frontend.import_onnx)
         pipeline.report.sections["frontend"] = _plain(mod.attrs["ascendfuse.frontend"])
@@ -50,6 +52,27 @@ def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", 
 
         result.verification = verify_compiled(result, mod, reference, reference_name)
     return result
+
+
+# Kernels named in the report's ``build`` section, slowest first.
+SLOWEST_SHOWN = 10
+
+
+def record_build_times(report: FusionReport, timings: dict) -> None:
+    """Per-kernel TIR/LLVM build seconds into the report: ``build`` (total, threads, every kernel, the
+    slowest first) and ``build_seconds`` on each kernel row."""
+    seconds = timings.get("kernels") or {}
+    if not seconds:
+        return
+    rules = {k["name"]: k.get("rule") for k in report.kernels}
+    slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:SLOWEST_SHOWN]
+    report.sections["build"] = {
+        "tir_build_seconds": timings.get("tir_build_seconds"), "jobs": timings.get("jobs"),
+        "slowest_kernels": [{"name": n, "seconds": s, "rule": rules.get(n)} for n, s in slowest],
+        "kernel_seconds": dict(seconds)}
+    for row in report.kernels:
+        if row["name"] in seconds:
+            row["build_seconds"] = seconds[row["name"]]
 
 
 def _plain(value):

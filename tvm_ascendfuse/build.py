@@ -2,19 +2,22 @@
 
 ``tvm.compile`` lowers and code-generates every PrimFunc of a model in one LLVM module on one thread; for
 our fused kernels that is more than half of a compile (of a decoder block). ``build`` does what
-``relax.build`` does (Relax pipeline, VM codegen, TIR build, VM link) but splits the PrimFuncs into up to
-``jobs`` modules of about equal size, builds them on threads (the lowering and LLVM run in C++ without the
-GIL) and links the resulting LLVM modules into one VM executable. Splitting changes no generated code,
-only the wall-clock time of the TIR build (close to halved with two idle cores); ``jobs=1``, or PrimFuncs
-that call each other (they must stay in one module), build one module. By default only idle cores are
-used (``default_jobs``). The TIR build skips TIR's CSE
-(``TIR_CONFIG``: LLVM does the same).
+``relax.build`` does (Relax pipeline, VM codegen, TIR build, VM link) but builds every PrimFunc as a module
+of its own, spread over ``jobs`` threads (largest kernels first; the lowering and LLVM run in C++ without
+the GIL), and links the resulting LLVM modules into one VM executable. Splitting changes no generated code,
+only the wall-clock time of the TIR build (close to halved with two idle cores); one module per kernel
+measured no slower to build, link, load or run than one per thread, and it times every kernel's build
+(``timings``: the report's ``build`` section names the slowest kernels, so a kernel that makes LLVM slow is
+found at once). PrimFuncs that call each other must stay in one module: then the module is built whole.
+By default only idle cores are used (``default_jobs``). The TIR build skips TIR's CSE (``TIR_CONFIG``: LLVM
+does the same).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 import tvm
 import tvm_ffi
@@ -56,8 +59,9 @@ def split_build_available() -> bool:
     return all(hasattr(vm_build, n) for n in _VM_BUILD_STEPS) and hasattr(vm_build._ffi_api, "VMLink")
 
 
-def build(mod: tvm.IRModule, target, relax_pipeline, jobs: int | None = None):
-    """``relax.build(mod, target, relax_pipeline=relax_pipeline)`` with the TIR build on ``jobs`` threads."""
+def build(mod: tvm.IRModule, target, relax_pipeline, jobs: int | None = None, timings: dict | None = None):
+    """``relax.build(mod, target, relax_pipeline=relax_pipeline)`` with the TIR build on ``jobs`` threads.
+    ``timings``, when given, receives ``{"tir_build_seconds", "jobs", "kernels": {name: seconds}}``."""
     if not split_build_available():
         with _build_context():
             return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline)
@@ -72,7 +76,11 @@ def build(mod: tvm.IRModule, target, relax_pipeline, jobs: int | None = None):
     libs = []
     if tir_mod is not None and len(tir_mod.get_global_vars()) > 0:
         tir_mod = vm_build._auto_attach_system_lib_prefix(tir_mod, target, None)
-        libs = build_tir(tir_mod, target, jobs if jobs is not None else default_jobs(target))
+        jobs = jobs if jobs is not None else default_jobs(target)
+        t0 = time.perf_counter()
+        libs = build_tir(tir_mod, target, jobs, seconds := {})
+        if timings is not None:
+            timings.update(tir_build_seconds=round(time.perf_counter() - t0, 3), jobs=jobs, kernels=seconds)
     device = [m for m in ext_libs if vm_build._is_device_module(m)]
     host_ext = [m for m in ext_libs if not vm_build._is_device_module(m)]
     lib = libs[0] if libs else None
@@ -98,21 +106,25 @@ def _build_context() -> tvm.transform.PassContext:
                                      config=config)
 
 
-def build_tir(tir_mod: tvm.IRModule, target, jobs: int) -> list:
-    """Runtime modules for ``tir_mod``: one per part, the parts built concurrently."""
+def build_tir(tir_mod: tvm.IRModule, target, jobs: int, seconds: dict | None = None) -> list:
+    """Runtime modules for ``tir_mod``: one per kernel (one for the whole module when its functions call each
+    other), built on up to ``jobs`` threads. ``seconds`` receives each module's build time by kernel name."""
     parts = split_module(tir_mod, jobs)
     ctx = _build_context()
-    if len(parts) == 1:
-        with ctx:
-            return [tvm.tirx.build(tir_mod, target=target, pipeline="default")]
-    libs, errors = [None] * len(parts), []
-    shown = bar(total=len(parts), desc="code generation", unit="part", delay=2.0)
+    seconds = seconds if seconds is not None else {}
+    libs = [[] for _ in parts]
+    errors = []
+    shown = bar(total=sum(len(p) for p in parts), desc="code generation", unit="kernel", delay=2.0)
 
     def run(i):
         try:
             with ctx:
-                libs[i] = tvm.tirx.build(parts[i], target=target, pipeline="default")
-            shown.update()
+                for unit in parts[i]:
+                    t0 = time.perf_counter()
+                    libs[i].append(tvm.tirx.build(unit, target=target, pipeline="default"))
+                    name = "+".join(gv.name_hint for gv in unit.get_global_vars())
+                    seconds[name] = round(time.perf_counter() - t0, 3)
+                    shown.update()
         except BaseException as err:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(err)
 
@@ -125,23 +137,24 @@ def build_tir(tir_mod: tvm.IRModule, target, jobs: int) -> list:
     shown.close()
     if errors:
         raise errors[0]
-    return libs
+    return [lib for part in libs for lib in part]
 
 
-def split_module(tir_mod: tvm.IRModule, jobs: int) -> list[tvm.IRModule]:
-    """Up to ``jobs`` modules of about equal size (``_size``, largest kernel first); the whole module when
-    it cannot or need not be split."""
+def split_module(tir_mod: tvm.IRModule, jobs: int) -> list[list[tvm.IRModule]]:
+    """The modules each of up to ``jobs`` threads builds: one module per kernel, the kernels spread so that
+    each thread gets about the same total size (``_size``, largest kernel first); one thread building the
+    whole module when its functions call each other."""
     funcs = list(tir_mod.functions.items())
-    if jobs <= 1 or len(funcs) <= 1 or any(_calls_other_function(f) for _, f in funcs):
-        return [tir_mod]
+    if any(_calls_other_function(f) for _, f in funcs):
+        return [[tir_mod]]
     sized = sorted(((_size(f), gv, f) for gv, f in funcs), key=lambda x: -x[0])
-    groups = [[] for _ in range(min(jobs, len(funcs)))]
+    groups = [[] for _ in range(max(1, min(jobs, len(funcs))))]
     loads = [0] * len(groups)
     for size, gv, f in sized:
         k = loads.index(min(loads))
-        groups[k].append((gv, f))
+        groups[k].append(tvm.IRModule({gv: f}, attrs=tir_mod.attrs))
         loads[k] += size
-    return [tvm.IRModule(dict(g), attrs=tir_mod.attrs) for g in groups if g]
+    return [g for g in groups if g]
 
 
 def _size(func) -> int:

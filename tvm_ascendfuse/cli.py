@@ -64,6 +64,18 @@ def summary_text(report: dict) -> str:
              k.get("rule", "")] for k in report.get("kernels", [])]
     if kern:
         out.append(_fmt_table(kern, ["kernel", "n", "source ops", "pattern", "schedule"]))
+    recovered = report.get("ub_overflow_recovered") or []
+    if recovered:
+        out.append("kernels whose schedule exceeded on-chip capacity (recovered):")
+        out.append(_fmt_table([[r.get("kernel"), r.get("scope"), r.get("needed_bytes"), r.get("available_bytes"),
+                                r.get("action"), r.get("final_rule") or ""] for r in recovered],
+                              ["kernel", "scope", "needed B", "available B", "done", "rule"]))
+    build = report.get("build") or {}
+    if build.get("slowest_kernels"):
+        out.append(f"TIR/LLVM build: {build.get('tir_build_seconds')} s on {build.get('jobs')} thread(s); "
+                   "slowest kernels:")
+        out.append(_fmt_table([[k["name"], f"{k['seconds']:.2f}", k.get("rule") or ""]
+                               for k in build["slowest_kernels"][:5]], ["kernel", "seconds", "schedule"]))
     traffic = traffic_text(report)
     if traffic:
         out.append(traffic)

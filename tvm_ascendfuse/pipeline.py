@@ -61,15 +61,17 @@ def _host_cores(tvm_target) -> int:
     return max(1, int(tvm_target.attrs["num-cores"])) if "num-cores" in tvm_target.attrs else 1
 
 
-def ub_fusion_phase(target, switches, report, tvm_target):
+def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
     """Phase 2: pattern groups, legalization, grouping of the rest, one PrimFunc per group.
 
-    The cost-based grouping replaces TVM's FuseOps; FuseOps is the fallback when it is switched off."""
+    The cost-based grouping replaces TVM's FuseOps; FuseOps is the fallback when it is switched off.
+    ``forbidden``: groups whose kernels exceeded on-chip capacity in an earlier run (``GroupingConfig``)."""
     if switches.is_on(COST_BASED_FUSION):
         chained = switches.is_on(CHAINED_GEMM)
         config = GroupingConfig(allow_chained_gemm=chained,
                                 allow_attention_projection=switches.is_on(ATTENTION_PROJECTION),
-                                chain_host_cores=_host_cores(tvm_target) if switches.is_on(CHAINED_GEMM_HOST) else 0)
+                                chain_host_cores=_host_cores(tvm_target) if switches.is_on(CHAINED_GEMM_HOST) else 0,
+                                forbidden=tuple(forbidden))
         grouping = CostBasedFusionPass(target, report, config)
     else:
         report.touch(COST_BASED_FUSION)
@@ -86,15 +88,24 @@ def ub_fusion_phase(target, switches, report, tvm_target):
     ]
 
 
-def schedule_phase(target, report, tvm_target):
-    """Phase 3: one UB-tiled schedule per kernel (first accepting rule per kind); constant weights that a
-    rule re-lays out are packed once at compile time."""
-    return [ScheduleKernels(target, report, tvm_target)]
+def schedule_phase(target, report, tvm_target, rules=None):
+    """Phase 3: one UB-tiled schedule per kernel (first accepting rule per kind, only schedules that fit the
+    on-chip buffers: else smaller tiles, else the next rule); constant weights that a rule re-lays out are
+    packed once at compile time."""
+    return [ScheduleKernels(target, report, tvm_target, rules)]
 
 
 def verification_phase(target, report):
-    """Phase 4: on-chip bytes per kernel vs the target's capacity (fails the build on overflow)."""
+    """Phase 4: on-chip bytes per kernel vs the target's capacity, counted on the TIR that will be built.
+    A kernel the schedule phase could only fit by leaving it to the fallback rule (or unscheduled) makes the
+    pipeline run phases 2-4 again with its group split (``AscendFusePipeline.transform_module``)."""
     return [VerifyUBCapacity(target, report)]
+
+
+# Re-runs of phases 2-4 with overflowing groups split, at most (each forbids at least one more group).
+MAX_REGROUPS = 3
+# Rules a kernel that lost its own rule to an overflow ends on when nothing on chip is tiled any more.
+GENERIC_RULES = ("fallback", None)
 
 
 def lowering_phase(tvm_target):
@@ -124,13 +135,15 @@ class AscendFusePipeline(PyPass):
     """The whole pipeline as one pass; ``.report`` holds what it did after it ran.
 
     ``traffic_baseline=True`` adds the TVM-default rows of the report's traffic table (a second legalization
-    and fusion of the model: report-only, off by default so that compiling stays fast)."""
+    and fusion of the model: report-only, off by default so that compiling stays fast). ``rules``: the
+    schedule rules to use instead of ``schedule.apply.default_rules`` (instances or classes, in order)."""
 
     def __init__(self, target: AscendTarget | str | None = None, switches=None,
-                 report: FusionReport | None = None, traffic_baseline: bool = False):
+                 report: FusionReport | None = None, traffic_baseline: bool = False, rules=None):
         self._target_spec = target
         self._switch_spec = switches
         self.traffic_baseline = traffic_baseline
+        self.rules = rules
         self.report = report if report is not None else FusionReport()
         self.snapshots: dict[str, tvm.IRModule] = {}   # module after each phase, for reports and debugging
 
@@ -149,27 +162,37 @@ class AscendFusePipeline(PyPass):
         self.report.target_name = target.name
         return target, switches, tvm_target
 
-    def phases(self, target, switches, tvm_target):
+    def phases(self, target, switches, tvm_target, forbidden=()):
         r = self.report
         baseline = [("traffic_baseline", traffic_baseline_phase(target, r, tvm_target))] \
             if self.traffic_baseline else []
         return baseline + [
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
-            ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target)),
-            ("schedule", schedule_phase(target, r, tvm_target)),
+            ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target, forbidden)),
+            ("schedule", schedule_phase(target, r, tvm_target, self.rules)),
             ("verify", verification_phase(target, r)),
             ("lowering", lowering_phase(tvm_target)),
         ]
 
     def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
+        """The phases in order. When the schedule phase could only fit a fused kernel by giving it to the
+        fallback rule (or leaving it to TVM's lowering) because its rule's schedule did not fit on chip
+        (``ub_overflow_recovered``), phases 2-4 run again from the same module with that group forbidden, so
+        the grouping makes smaller groups of its ops (at most ``MAX_REGROUPS`` times); the report then says
+        which groups were split (``split_group``)."""
         target, switches, tvm_target = self.resolve()
         record_before(self.report, mod)
         self.report.sections["target_capacity"] = {"ub_usable_bytes": target.ub_usable,
                                                    "l1_bytes": target.l1_bytes, "l0c_bytes": target.l0c_bytes}
+        forbidden, split = (), []
         phases = self.phases(target, switches, tvm_target)
         with tvm_target, bar(total=len(phases), desc="compile", unit="phase", delay=2.0) as shown:
-            for name, passes in phases:
+            i, restart = 0, None
+            while i < len(phases):
+                name, passes = phases[i]
                 shown.set_postfix_str(name)
+                if name == "ub_fusion":
+                    restart = (i, mod, self.report.checkpoint())
                 try:
                     new = tvm.transform.Sequential(passes)(mod)
                 except AscendFuseError:
@@ -182,12 +205,47 @@ class AscendFusePipeline(PyPass):
                         raise
                     raise explained from None
                 mod = self.snapshots[name] = new
+                more = self._groups_to_split(forbidden) if name == "verify" else []
+                if more and restart is not None and len(split) < MAX_REGROUPS:
+                    split += [record for record, _ in more]
+                    forbidden += tuple(entry for _, entry in more)
+                    i, mod, state = restart
+                    self.report.restore(state)
+                    phases = self.phases(target, switches, tvm_target, forbidden)
+                    continue
                 shown.update()
+                i += 1
+        if split:
+            self.report.sections.setdefault("ub_overflow_recovered", [])[:0] = split
         return mod
 
+    def _groups_to_split(self, forbidden) -> list:
+        """(report record, forbidden entry) for each kernel of several ops of the cost-based grouping (not
+        already forbidden) whose rule's schedule exceeded on-chip capacity and that thereby ended on the
+        fallback rule or unscheduled: its parts alone may each get a rule that tiles them."""
+        sections = self.report.sections
+        rows = {r["name"]: r for r in sections.get("grouping", {}).get("groups", [])}
+        kernels = {k["name"]: k for k in self.report.kernels}
+        out = []
+        for record in sections.get("ub_overflow_recovered", []):
+            if record.get("action") != "next_rule" or record.get("final_rule") not in GENERIC_RULES:
+                continue
+            row = kernels.get(record["kernel"], {})
+            group = rows.get(row.get("source_name", record.get("source_kernel", record["kernel"])))
+            if group is None or len(group.get("members", [])) < 2:
+                continue            # one op, or a pattern group nothing joined: nothing to split
+            entry = (group["block"], tuple(group["members"]), record["needed_bytes"], record["available_bytes"])
+            if any(e[:2] == entry[:2] for e in forbidden):
+                continue
+            split = {k: v for k, v in record.items() if k != "final_rule"}
+            split.update(action="split_group", ops=group.get("ops"), instead_of_rule=record.get("final_rule"))
+            out.append((split, entry))
+        return out
 
-def ascendfuse_pipeline(target=None, switches=None, report=None, traffic_baseline=False) -> AscendFusePipeline:
-    return AscendFusePipeline(target, switches, report, traffic_baseline)
+
+def ascendfuse_pipeline(target=None, switches=None, report=None, traffic_baseline=False,
+                        rules=None) -> AscendFusePipeline:
+    return AscendFusePipeline(target, switches, report, traffic_baseline, rules)
 
 
 if "ascendfuse" not in relax.pipeline.PIPELINE_MAP:

@@ -5,6 +5,7 @@ Passes record into one ``FusionReport``; the pipeline adds the kernel list and w
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -62,6 +63,14 @@ class FusionReport:
 
     def get(self, pass_name: str) -> PassRecord:
         return self.passes.get(pass_name, PassRecord())
+
+    def checkpoint(self) -> tuple:
+        """A copy of everything recorded so far (``restore`` returns to it)."""
+        return copy.deepcopy((self.passes, self.kernels, self.sections))
+
+    def restore(self, state: tuple) -> None:
+        """Forget what was recorded after ``state`` was taken (the phases that ran since run again)."""
+        self.passes, self.kernels, self.sections = copy.deepcopy(state)
 
     def set_kernels(self, kernels: list[dict[str, Any]]) -> None:
         self.kernels = list(kernels)

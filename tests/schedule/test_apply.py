@@ -185,11 +185,11 @@ def test_64bit_buffers_sharing_ub_fall_back():
     _build_and_compare(one_out, mod["k"])
 
 
-def test_schedule_over_capacity_declines_and_next_rule_builds():
-    """A rule whose schedule overfills UB (a GEMM epilogue that transposes across heads and reshapes: its
-    per-tile region is several windows' worth; Swin-T's attention output needed 1.3 MiB of UB) is declined
-    with the bytes, and the next rule's schedule builds and matches, instead of the verification phase
-    failing the build."""
+def test_epilogue_across_heads_fits_on_the_matmul_rule():
+    """A GEMM epilogue that transposes across heads and reshapes (Swin-T's attention output) once overfilled
+    UB: unsimplified reshape indices gave each tile a region of several windows (1.3 MiB of UB). With the
+    indices simplified before the rules read the kernel (``indices.py``) the matmul rule's tile fits even a
+    16 KiB UB; it builds and matches."""
     from tvm_ascendfuse.analysis.ub_usage import kernel_usage
     from tvm_ascendfuse.target import get_target
 
@@ -199,9 +199,8 @@ def test_schedule_over_capacity_declines_and_next_rule_builds():
                         [(b, h, s, s), (b, h, s, d)])
     report = FusionReport()
     mod = ApplyUBSchedules(tiny, report, HOST)(module_of(k=func))
-    assert report.sections["schedules"]["k"] != "matmul"
-    assert any(n.startswith("matmul: declined, its schedule needs") and "16384" in n
-               for n in report.sections["schedule_notes"]["k"])
+    assert report.sections["schedules"]["k"] == "matmul"
+    assert not any("schedule needs" in n for n in report.sections.get("schedule_notes", {}).get("k", []))
     assert kernel_usage("k", mod["k"], tiny).bytes("local.UB") <= tiny.capacity("local.UB")
     rng = np.random.default_rng(0)
     ref = tvm.compile(module_of(main=func), target="llvm")

@@ -56,10 +56,17 @@ def test_skipping_multi_product_rules_keeps_the_chosen_rule(name, monkeypatch):
     assert fast[1] == slow[1] is not None
 
 
-def test_symbolic_check_only_skipped_for_static_kernels():
-    static = fused_kernel(_softmax, [(4, 32)])
-    assert ap._all_static(static) and not ap._symbolic_on_chip("k", static, NPU)
+def test_on_chip_analysis_only_skipped_without_on_chip_buffers(monkeypatch):
+    unscheduled = fused_kernel(_softmax, [(4, 32)])
+    scheduled = ap.ApplyUBSchedules(NPU).schedule_one("k", unscheduled, HOST)[0]
+    counted = []
+    real = ap.kernel_usage
+    monkeypatch.setattr(ap, "kernel_usage", lambda *a: counted.append(a[0]) or real(*a))
+    assert ap._on_chip("plain", unscheduled, NPU) == (False, None) and counted == []
+    assert ap._on_chip("staged", scheduled, NPU) == (False, None) and counted == ["staged"]
+
+
+def test_symbolic_check_only_for_kernels_of_symbolic_shape():
     from tvm import tirx
-    n = tirx.Var("n", "int64")
-    dynamic = fused_kernel(_softmax, [(n, 32)])
-    assert not ap._all_static(dynamic)
+    assert ap._all_static(fused_kernel(_softmax, [(4, 32)]))
+    assert not ap._all_static(fused_kernel(_softmax, [(tirx.Var("n", "int64"), 32)]))

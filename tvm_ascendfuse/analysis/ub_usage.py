@@ -98,6 +98,29 @@ class KernelUsage:
                 and a.aligned != a.nbytes]
 
 
+@dataclass(frozen=True)
+class Overflow:
+    """A kernel's on-chip bytes in one scope above what the target has."""
+
+    kernel: str
+    scope: str
+    needed: int
+    available: int
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "scope": self.scope, "needed_bytes": self.needed,
+                "available_bytes": self.available}
+
+
+def first_overflow(usage: KernelUsage, target: AscendTarget) -> Overflow | None:
+    """The first on-chip scope (UB, L1, L0A/B/C) a kernel's allocations exceed, else None."""
+    for scope in ON_CHIP_SCOPES:
+        needed = usage.bytes(scope)
+        if needed > target.capacity(scope):
+            return Overflow(usage.kernel, scope, needed, target.capacity(scope))
+    return None
+
+
 def _static(e) -> int | None:
     return int(e) if isinstance(e, tirx.IntImm) else None
 

@@ -39,6 +39,10 @@ class GroupingConfig:
                                      # also win there (chain.Chain.host_cost). 0: the NPU model alone
     max_sibling_fanout: int = 8      # sibling candidates looked at per shared tensor
     cube_tile_elems: int = 128 * 128  # output elements of one cube tile (fits L0C with fp32 accumulation)
+    # groups whose scheduled kernel exceeded on-chip capacity in an earlier run on the same module:
+    # ((block key, member node indices, needed bytes, available bytes), ...); no group may again hold all
+    # members of one (pipeline.py)
+    forbidden: tuple = ()
 
 
 @dataclass(frozen=True)

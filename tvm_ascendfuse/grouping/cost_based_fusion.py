@@ -74,9 +74,9 @@ class CostBasedFusionPass(PyPass):
             if not isinstance(func.body, relax.SeqExpr):
                 continue
             new_blocks = []
-            for block in func.body.blocks:
+            for bi, block in enumerate(func.body.blocks):
                 if isinstance(block, relax.DataflowBlock):
-                    nb = self._group_block(block, func, mod, bb, target, section)
+                    nb = self._group_block(block, func, mod, bb, target, section, f"{gv.name_hint}:{bi}")
                     changed |= nb is not block
                     new_blocks.append(nb)
                 else:
@@ -92,8 +92,9 @@ class CostBasedFusionPass(PyPass):
         out = bb.get()
         return relax.transform.DeadCodeElimination()(out)
 
-    def _group_block(self, block, func, mod, bb, target, section):
+    def _group_block(self, block, func, mod, bb, target, section, key):
         graph = build_graph(block, func, mod, target, section["assumptions"])
+        graph.key = key
         model = FusionModel(graph, target, self.config)
         queue = FusionQueue(graph, model, self.config, target, self.report).run()
         st = section.setdefault("stats", {"merges": 0, "call_tirs": 0, "seconds": 0.0})

@@ -184,7 +184,9 @@ class _Emitter:
             "modeled_time_us": round(c.time_us(target), 4) if c else None,
             "duplicated_ops": len(set(members) - g.owner_of),
             "modeled_time_us_unfused": round(sum(t for m, t in alone.items() if m in g.owner_of), 4),
-            "modeled_time_us_parts": round(sum(alone.values()), 4)}
+            "modeled_time_us_parts": round(sum(alone.values()), 4),
+            # the member ops by position in their block: what the pipeline forbids when the kernel overflows
+            "block": self.graph.key, "members": list(members)}
         chain = self.model.chain(members)
         if isinstance(chain, Chain):
             row["chain"] = chain.describe(max(self.nodes[m].out_dtype for m in members), target, self.nodes)

@@ -76,6 +76,7 @@ class BlockGraph:
     var_node: dict                   # relax Var -> index of the node that binds it
     readers: dict                    # relax Var -> indices of the call_tir nodes reading it, in binding order
     patterns: list[PatternGroup]
+    key: str = ""                    # "<function>:<block index>": names the block across runs on one module
 
     def label(self, members) -> str:
         return "+".join(self.nodes[m].name or self.nodes[m].var.name for m in members)

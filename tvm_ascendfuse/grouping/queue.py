@@ -209,6 +209,11 @@ class FusionQueue:
         d = self.model.depth(members)
         if d > cfg.max_depth:
             return Decision.refuse(CAP_HIT, members, {"cap": "max_depth", "depth": d, "limit": cfg.max_depth})
+        for key, group, needed, available in cfg.forbidden:
+            if key == self.graph.key and set(group) <= set(members):
+                return Decision.refuse(UB_OVERFLOW, members, {
+                    "why": "the kernel of these ops exceeded on-chip capacity once scheduled",
+                    "needed_bytes": needed, "available_bytes": available, "verified": True})
         if b is not None and (self.reaches(a, b, True) or self.reaches(b, a, True)):
             return Decision.refuse(CYCLE, members, {})
         return None

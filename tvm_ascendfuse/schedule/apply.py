@@ -5,24 +5,36 @@ returning None. A rule that raises has a bug: the error is recorded in the repor
 kernel, the rule and the error) and the next rule is tried, so a rule bug costs speed, never the build. The
 function keeps its attrs and is marked ``tirx.is_scheduled``; the report gets the rule per kernel and the
 notes the rules made (``schedule_notes``).
+
+A schedule is only taken when its on-chip buffers fit the target (counted on the scheduled TIR, as the
+verification phase counts them), so capacity never aborts a build. One that does not fit is tried again with
+smaller tiles: the rule sizes its tiles from the target, so it is asked again for a target whose overflowing
+buffer is as much smaller as the schedule was too big (then half that). If that does not fit either, the next
+rule is tried (the fallback rule stages nothing on chip). Each such kernel is recorded under
+``ub_overflow_recovered`` with the bytes and what was done. Every schedule's vector widths and unrolling are
+bounded so that no kernel's code explodes in LLVM (``code_size.py``; what it changed is noted too).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..analysis.ub_usage import ON_CHIP_SCOPES, canonical_scope, kernel_usage, normalize_scope_aliases
+from ..analysis.ub_usage import (ON_CHIP_SCOPES, Overflow, canonical_scope, first_overflow, kernel_usage,
+                                 normalize_scope_aliases)
 from ..passbase import PyPass
 from ..progress import bar
 from ..report import FusionReport
 from ..target import AscendTarget, get_target
 from .analysis import reduction_kinds
 from .attention import AttentionRule
-from .base import Declined
+from .base import Declined, Scheduled
 from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
+from .code_size import bound_code_size
 from .common import host_of
 from .conv import Conv2dRule
 from .depthwise_conv import DepthwiseConv2dRule
@@ -30,6 +42,7 @@ from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
 from .fast_math import use_fast_math
 from .grouped_conv import GroupedConv2dRule
+from .indices import simplify_indices
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
@@ -70,25 +83,41 @@ def _all_static(func: tirx.PrimFunc) -> bool:
                for p in func.params)
 
 
-def _symbolic_on_chip(name: str, func: tirx.PrimFunc, target: AscendTarget) -> bool:
-    if _all_static(func):
-        return False    # skips the buffer-compaction analysis (tens of ms per kernel)
+def _on_chip(name: str, func: tirx.PrimFunc, target: AscendTarget) -> tuple[bool, Overflow | None]:
+    """(an on-chip buffer has a symbolic size, the first on-chip scope the schedule overfills) of a scheduled
+    kernel. A rule's tile analysis can miss a case (a GEMM epilogue whose per-tile region is the whole
+    result); the verification phase would fail the build on it, so the schedule phase checks first."""
+    if not _has_on_chip_scope(func):
+        return False, None          # skips the buffer-compaction analysis (milliseconds per kernel)
     usage = kernel_usage(name, func, target)
-    return any(a.nbytes is None for a in usage.allocations)
+    symbolic = not _all_static(func) and any(a.nbytes is None for a in usage.allocations)
+    return symbolic, first_overflow(usage, target)
 
 
-def _over_capacity(name: str, func: tirx.PrimFunc, target: AscendTarget) -> tuple[str, int, int] | None:
-    """(scope, bytes needed, bytes available) of the first on-chip scope the schedule overfills, else None.
+def _has_on_chip_scope(func: tirx.PrimFunc) -> bool:
+    found = []
 
-    The verification phase would fail the build on it; a rule whose tile analysis missed a case (a GEMM
-    epilogue whose per-tile region is the whole result: Swin-T's attention output, transposed across heads
-    and reshaped, staged 1.3 MiB in UB) declines instead, and the next rule schedules the kernel."""
-    usage = kernel_usage(name, func, target)
-    for scope in ON_CHIP_SCOPES:
-        needed, available = usage.bytes(scope), target.capacity(scope)
-        if needed > available:
-            return scope, needed, available
-    return None
+    def on_block(block):
+        found.extend(b for b in block.alloc_buffers if canonical_scope(b.scope()) in ON_CHIP_SCOPES)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, on_block)], order="pre")
+    return bool(found)
+
+
+def shrunk(target: AscendTarget, over: Overflow, factor: float) -> AscendTarget:
+    """``target`` with the overflowing scope's capacity cut to ``factor`` x (available / needed) of it, so a
+    rule that sizes its tiles from the target picks tiles that many times smaller."""
+    scale = factor * over.available / max(1, over.needed)
+    key = over.scope.lower().split(".")[-1]
+    if key == "ub":
+        usable = max(target.ub_align, int(target.ub_usable * scale))
+        return dataclasses.replace(target, ub_reserved_bytes=target.ub_bytes - usable)
+    field = {"l1": "l1_bytes", "l0a": "l0a_bytes", "l0b": "l0b_bytes", "l0c": "l0c_bytes"}[key]
+    return dataclasses.replace(target, **{field: max(1, int(getattr(target, field) * scale))})
+
+
+# smaller-tile retries of a schedule over capacity: (available / needed) x 0.9, then half of that
+RETRY_FACTORS = (0.9, 0.45)
 
 
 def _wide_packed_on_chip(func: tirx.PrimFunc) -> str | None:
@@ -112,6 +141,13 @@ def _wide_packed_on_chip(func: tirx.PrimFunc) -> str | None:
         if wide and len(bufs) > 1:
             return wide[0].name
     return None
+
+
+def prepared_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The kernel as every rule reads it: scope aliases normalised, fast math, and reshape indices simplified
+    (an unsimplified ``% rows`` made an epilogue read every row of a tile column and its accumulator spill out
+    of the tile, ``indices.py``). The tuner keys its workloads by the same form (``tune/kernels.py``)."""
+    return simplify_indices(use_fast_math(normalize_scope_aliases(func)))
 
 
 def _rule_instances(rules):
@@ -146,36 +182,40 @@ class ApplyUBSchedules(PyPass):
         return self.rules
 
     def schedule_one(self, name: str, func: tirx.PrimFunc, host):
-        """(new function, rule name, notes, rule errors) for one kernel; the function is unchanged when no rule
-        fits. A rule error is ``{"rule": name, "message": the exception}``."""
-        notes, errors = [], []
-        prepared = use_fast_math(normalize_scope_aliases(func))
+        """(new function, rule name, notes, rule errors, overflows) for one kernel; the function is unchanged
+        when no rule fits. A rule error is ``{"rule": name, "message": the exception}``; an overflow the record
+        of a schedule over on-chip capacity and what was done about it (``ub_overflow_recovered``)."""
+        notes, errors, overflows = [], [], []
+        prepared = prepared_kernel(func)
         products = product_blocks(prepared)
         for rule in self._rules(host):
             if products < rule.min_products:
                 continue
-            try:
-                result = rule.apply_with_note(prepared, self.target, host)
-            except Exception as err:  # noqa: BLE001 - a rule bug: reported, and the next rule is tried
-                errors.append({"rule": rule.name, "message": _message(err)})
-                continue
+            result = self._attempt(rule, prepared, self.target, host, errors)
             if result is None:
                 continue
             if isinstance(result, Declined):
                 notes.append(f"{rule.name}: {result.reason}")
                 continue
             new = result.sch.mod["main"]
-            if _symbolic_on_chip(name, new, self.target):
+            symbolic, over = _on_chip(name, new, self.target)
+            if symbolic:
                 # TVM cannot lower an on-chip (tagged) buffer of symbolic size ("Special tagged memory must be
                 # const size"): a rule that left one, e.g. a full symbolic-length row staged in UB, declines.
                 notes.append(f"{rule.name}: declined, an on-chip buffer has a symbolic size")
                 continue
-            over = _over_capacity(name, new, self.target)
             if over is not None:
-                scope, needed, available = over
-                notes.append(f"{rule.name}: declined, its schedule needs {needed} bytes of {scope} "
-                             f"(the target has {available})")
-                continue
+                record = {**over.to_dict(), "rule": rule.name}
+                overflows.append(record)
+                retried = self._smaller_tiles(rule, prepared, name, host, over, errors)
+                if retried is None:
+                    record["action"] = "next_rule"
+                    notes.append(f"{rule.name}: declined, its schedule needs {over.needed} bytes of {over.scope} "
+                                 f"(the target has {over.available}), also with smaller tiles")
+                    continue
+                result, smaller = retried
+                record.update(action="smaller_tiles", scheduled_for_bytes=smaller.capacity(over.scope))
+                new = result.sch.mod["main"]
             wide = _wide_packed_on_chip(new)
             if wide is not None:
                 notes.append(f"{rule.name}: declined, on-chip buffer {wide} has elements wider than 32 bits "
@@ -185,12 +225,39 @@ class ApplyUBSchedules(PyPass):
                 new = new.with_attr(key, value)
             if result.note:
                 notes.append(result.note)
-            return new.with_attr("tirx.is_scheduled", True), rule.name, notes, errors
-        return func, None, notes, errors
+            # whichever rule made it: no vector or unrolled nest that makes LLVM's time explode (code_size.py)
+            new, size_notes = bound_code_size(new, host)
+            notes += size_notes
+            for record in overflows:
+                record["final_rule"] = rule.name
+            return new.with_attr("tirx.is_scheduled", True), rule.name, notes, errors, overflows
+        for record in overflows:
+            record["final_rule"] = None     # left to TVM's lowering as it is (no on-chip buffers)
+        return func, None, notes, errors, overflows
+
+    def _attempt(self, rule, prepared, target, host, errors):
+        try:
+            return rule.apply_with_note(prepared, target, host)
+        except Exception as err:  # noqa: BLE001 - a rule bug: reported, and the next rule is tried
+            errors.append({"rule": rule.name, "message": _message(err)})
+            return None
+
+    def _smaller_tiles(self, rule, prepared, name, host, over: Overflow, errors):
+        """(schedule, the target it was sized for) of ``rule`` asked again with less of the overflowing
+        buffer, when it then fits the real target; else None."""
+        for factor in RETRY_FACTORS:
+            smaller = shrunk(self.target, over, factor)
+            result = self._attempt(rule, prepared, smaller, host, errors)
+            if not isinstance(result, Scheduled):
+                return None     # declined for the smaller buffer
+            symbolic, again = _on_chip(name, result.sch.mod["main"], self.target)
+            if not symbolic and again is None:
+                return result, smaller
+        return None
 
     def transform_module(self, mod):
         host = host_of(self.host)
-        chosen, all_notes, all_errors = {}, {}, {}
+        chosen, all_notes, all_errors, all_overflows = {}, {}, {}, []
         todo = [(gv, func) for gv, func in mod.functions.items() if isinstance(func, tirx.PrimFunc)
                 and not (func.attrs is not None and "tirx.is_scheduled" in func.attrs)]
         # on a terminal, a bar once scheduling takes more than two seconds (large models)
@@ -199,7 +266,8 @@ class ApplyUBSchedules(PyPass):
             for gv, func in todo:
                 results.append((gv, func, *self.schedule_one(gv.name_hint, func, host)))
                 shown.update()
-        for gv, func, new, rule, notes, errors in results:
+        for gv, func, new, rule, notes, errors, overflows in results:
+            all_overflows += overflows
             chosen[gv.name_hint] = rule or "unscheduled"
             if notes:
                 all_notes[gv.name_hint] = notes
@@ -216,6 +284,8 @@ class ApplyUBSchedules(PyPass):
                 self.report.sections.setdefault("schedule_notes", {}).update(all_notes)
             if all_errors:
                 self.report.sections.setdefault("rule_errors", {}).update(all_errors)
+            if all_overflows:
+                self.report.sections.setdefault("ub_overflow_recovered", []).extend(all_overflows)
             for row in self.report.kernels:
                 if row.get("name") in chosen:
                     row["rule"] = chosen[row["name"]]
@@ -264,10 +334,15 @@ class ScheduleKernels(PyPass):
     def _rekey(self, before, mid, after):
         first = dict(zip(before, mid)) if len(before) == len(mid) else {}
         final = dict(zip(mid, after)) if len(mid) == len(after) else {}
+        first_inverse = {v: k for k, v in first.items()}
         sections = self.report.sections
         for key in ("schedules", "schedule_notes", "rule_errors"):
             if key in sections:
                 sections[key] = {final.get(k, k): v for k, v in sections[key].items()}
+        for record in sections.get("ub_overflow_recovered", []):
+            if record.get("kernel") in final and "source_kernel" not in record:
+                record["source_kernel"] = first_inverse.get(record["kernel"], record["kernel"])
+                record["kernel"] = final[record["kernel"]]
         rules = sections.get("schedules", {})
         for row in self.report.kernels:
             name = final.get(first.get(row.get("name"), row.get("name")), row.get("name"))

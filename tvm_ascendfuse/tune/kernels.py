@@ -57,10 +57,8 @@ def _static(func: tirx.PrimFunc) -> bool:
 def extract_kernels(mod: tvm.IRModule, target: AscendTarget | str, host, switches=None) -> list[Kernel]:
     """Distinct kernels of ``mod`` after UB fusion, keyed and ruled as the schedule phase would."""
     from ..analysis import launched_kernels
-    from ..analysis.ub_usage import normalize_scope_aliases
     from ..pipeline import AscendFusePipeline
-    from ..schedule.apply import DEFAULT_RULES, ApplyUBSchedules
-    from ..schedule.fast_math import use_fast_math
+    from ..schedule.apply import DEFAULT_RULES, ApplyUBSchedules, prepared_kernel
     from ..schedule.tunable import tunable_rules
     from ..schedule.tuned import workload_module
 
@@ -83,7 +81,7 @@ def extract_kernels(mod: tvm.IRModule, target: AscendTarget | str, host, switche
     for gv, func in mod.functions.items():
         if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
             continue
-        workload = workload_module(use_fast_math(normalize_scope_aliases(func)))
+        workload = workload_module(prepared_kernel(func))
         same = next((k for k in kernels if tvm_ffi.structural_equal(workload, k.found)), None)
         if same is not None:
             same.calls += launches.get(gv.name_hint, 0)
