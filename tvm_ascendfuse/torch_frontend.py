@@ -106,6 +106,10 @@ def _sdpa(node, importer):
     elif mask is not None and "float" not in str(bias.ty.dtype):
         raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' has a {bias.ty.dtype} mask; "
                                  "only boolean and additive float masks are supported")
+    if bias is not None and len(bias.ty.shape) < 4:
+        # R.nn.attention takes a 4-D bias; torch broadcasts a (seq_q, seq_kv) mask over batch and heads
+        shape = [1] * (4 - len(bias.ty.shape)) + list(bias.ty.shape)
+        bias = bb.emit(relax.op.reshape(bias, shape))
     if _arg(node, 7, "enable_gqa", False):
         k, v = (_repeat_heads(bb, t, int(q.ty.shape[1]), node.name) for t in (k, v))
     scale = _arg(node, 6, "scale", None)
