@@ -116,7 +116,8 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(ATTENTION_MASK, GRAPH_FUSION,
                "a boolean attention mask applied with where (where(keep, s, -inf), masked_fill) before softmax "
                "-> s + where(keep, 0, -inf): the additive mask the attention kernel takes (a constant mask, "
-               "causal ones built in the graph included, folds to a constant)"),
+               "causal ones built in the graph included, folds to a constant); the NaN guard "
+               "where(isnan(p), 0, p) after softmax(s + mask) dropped when the constant mask keeps a key in every row"),
     SwitchInfo(PACKED_QKV, GRAPH_FUSION,
                "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
                "sibling merge then merges as it does separate projections"),

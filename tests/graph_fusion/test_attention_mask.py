@@ -49,3 +49,27 @@ def test_select_not_feeding_softmax_is_left_and_switch():
     out, rec = run_pass(P, masked(consumer="exp"))
     assert rec.match_times == 0
     assert_switched_off(P, masked(), 1)
+
+
+def nan_guarded(mask):
+    """softmax(s + mask) followed by where(isnan(p), 0, p), as the dynamo export of SDPA writes it."""
+    def body(bb, s):
+        p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.add(s, mask)), axis=-1))
+        g = bb.emit(relax.op.where(bb.emit(relax.op.isnan(p)), relax.const(0.0, "float32"), p))
+        return bb.emit(relax.op.multiply(g, relax.const(2.0, "float32")))
+    return build(body, (2, 3, 5, 7))
+
+
+def test_nan_guard_of_a_mask_keeping_every_row_is_dropped():
+    mod = nan_guarded(relax.const(np.where(KEEP, 0.0, -np.inf).astype("float32")))
+    out, rec = run_pass(P, mod)
+    assert (rec.match_times, rec.effect_times) == (1, 1)
+    assert "isnan" not in ops(out) and "where" not in ops(out)
+    s = np.random.default_rng(0).standard_normal((2, 3, 5, 7)).astype("float32")
+    np.testing.assert_allclose(run_reference(out, [s]), run_reference(mod, [s]), rtol=1e-5, atol=1e-6)
+
+
+def test_nan_guard_kept_when_a_row_may_be_all_masked():
+    empty_row = np.where(KEEP, 0.0, -np.inf).astype("float32")
+    empty_row[2] = -np.inf
+    assert_refused(P, nan_guarded(relax.const(empty_row)), "leaves a row with no key")

@@ -15,6 +15,11 @@ finite fill at most -1e30 (the dtype's lowest value, as transformers uses: ``s +
 for any score below 1e22). Other fills (-1e4, -1e9) are refused: a row masked everywhere would get
 ``softmax(s)`` instead of the select's uniform row. The result has the broadcast shape of ``s``, the
 condition and the fill, as the select has.
+
+Second form, the NaN guard exports put after the softmax of a masked score (PyTorch's SDPA decomposition):
+``where(isnan(p), 0, p)`` with ``p = softmax(s + mask)`` is ``p`` when the constant ``mask`` keeps a key in
+every row: a softmax row is NaN only when all of it is -inf (for finite scores). Dropping it lets the
+attention kernel go on to ``p.V``.
 """
 
 from __future__ import annotations
@@ -46,10 +51,40 @@ class AttentionMaskFusionPass(GraphRewritePass):
 
     switch_name = NAME
 
+    @staticmethod
+    def _nan_guard(call, graph):
+        """``where(isnan(p), 0, p)`` with ``p = softmax(s + mask)``: None if not this form, else a function of
+        the root giving the Rewrite (the softmax) or raising the Refusal."""
+        cond, zero, p = call.args
+        isnan = graph.call(cond, "relax.isnan")
+        soft = graph.call(p, "relax.nn.softmax")
+        if isnan is None or soft is None or not isnan.args[0].same_as(p) or graph.scalar(zero) != 0.0:
+            return None
+
+        def rewrite(var):
+            add = graph.call(soft.args[0], "relax.add")
+            masks = [m for m in (graph.const(a) for a in add.args) if m is not None] if add is not None else []
+            if len(masks) != 1:
+                raise Refusal(internal={cond}, failed="the softmax's input has no constant additive mask, so a row "
+                                                      "may be masked everywhere")
+            mask = masks[0]
+            axis = int(soft.attrs.axis) % len(var.ty.shape)
+            axis -= len(var.ty.shape) - mask.ndim      # the mask broadcasts from the right
+            if axis >= 0 and not np.isfinite(mask).any(axis=axis).all() or axis < 0 and not np.isfinite(mask).all():
+                raise Refusal(internal={cond}, failed="the mask leaves a row with no key (a NaN the guard zeroes)")
+            # the softmax itself in the guard's place (an alias binding would hide it from the patterns)
+            return Rewrite(var, relax.op.nn.softmax(soft.args[0], soft.attrs.axis), {cond, p},
+                           {"form": "where(isnan(softmax(s + mask)), 0, .)"})
+
+        return rewrite
+
     def match(self, var, graph):
         call = graph.value(var)
         if op_name(call) != "relax.where":
             return None
+        guard = self._nan_guard(call, graph)
+        if guard is not None:
+            return guard(var)
         users = graph.users.get(var, [])
         if not users or any(u is None or op_name(graph.value(u)) not in _SOFTMAX for u in users):
             return None
