@@ -279,16 +279,14 @@ def test_torch_gelu_tanh(route):
 
 
 # the dynamo ONNX export writes SDPA out itself (a boolean mask as an additive one, then a NaN guard after
-# the softmax that AttentionMaskFusionPass drops); its enable_gqa form does not import yet
-_GQA_UNSQUEEZE = pytest.mark.xfail(strict=True, raises=af.errors.UnsupportedOpError,
-                                   reason="TVM's ONNX importer fails on the Unsqueeze of the enable_gqa export")
+# the softmax that AttentionMaskFusionPass drops; enable_gqa as Unsqueeze with a 0-d axes, Expand, Reshape)
 
 
 @pytest.mark.parametrize("route,kw", [
     (route, kw) for kw in (dict(), dict(mask="float"), dict(mask="causal")) for route in ROUTES] + [
     ("export", dict(mask="bool")), ("onnx", dict(mask="bool")),
     ("export", dict(mask="causal", kv=2, gqa_op=True)),
-    pytest.param("onnx", dict(mask="causal", kv=2, gqa_op=True), marks=_GQA_UNSQUEEZE)],
+    ("onnx", dict(mask="causal", kv=2, gqa_op=True))],
     ids=lambda v: v if isinstance(v, str) else "-".join(f"{a}={b}" for a, b in v.items()) or "plain")
 def test_torch_sdpa_one_op(route, kw):
     result = compile_torch(route, sdpa=True, **kw)
