@@ -143,17 +143,21 @@ def test_onnx_gqa_repeat(kv):
     check_kernels(compile_onnx(onnx_attention("causal", kv=kv)), 2)
 
 
-@pytest.mark.parametrize("rope", ["half", "inter"])
+# RoPE runs in the GEMM's epilogue (rotate-half: a concat of parts of the GEMM's own result) and the
+# attention kernel reads the rotated Q/K. The interleaved form as ONNX writes it (Unsqueeze + Concat +
+# Reshape) still costs one kernel: the repeated V heads are written by a kernel of their own.
+_V_REPEAT = pytest.mark.xfail(strict=True, reason="interleaved RoPE in ONNX form: V's head repeat is left in an "
+                                                  "elementwise kernel of its own")
+
+
+@pytest.mark.parametrize("rope", ["half", pytest.param("inter", marks=_V_REPEAT)])
 def test_onnx_rope(rope):
-    result = compile_onnx(onnx_attention("causal", kv=2, rope=rope))
-    check_kernels(result, 3)
-
-
-@pytest.mark.xfail(strict=True, reason="RoPE on K is left in an elementwise kernel of its own between the "
-                                       "K|V GEMM and the attention kernel")
-@pytest.mark.parametrize("rope", ["half", "inter"])
-def test_onnx_rope_in_the_producing_kernel(rope):
     check_kernels(compile_onnx(onnx_attention("causal", kv=2, rope=rope)), 2)
+
+
+def test_onnx_rope_interleaved_numbers():
+    result = compile_onnx(onnx_attention("causal", kv=2, rope="inter"))
+    check_kernels(result, 3)
 
 
 def test_onnx_gelu_tanh():
@@ -263,12 +267,10 @@ def test_torch_gqa_repeat(route, kv):
     check_kernels(compile_torch(route, mask="causal", kv=kv), 2)
 
 
-@pytest.mark.parametrize("route", ROUTES)
-@pytest.mark.parametrize("rope", ["half", "inter"])
+@pytest.mark.parametrize("route,rope", [("export", "half"), ("onnx", "half"), ("export", "inter"),
+                                        pytest.param("onnx", "inter", marks=_V_REPEAT)])
 def test_torch_rope(route, rope):
-    result = compile_torch(route, mask="causal", kv=2, rope=rope)
-    assert "fallback" not in [k.get("rule") for k in result.report.kernels]
-    assert sum(k["launches"] for k in result.report.kernels) <= 3
+    check_kernels(compile_torch(route, mask="causal", kv=2, rope=rope), 2)
 
 
 @pytest.mark.parametrize("route", ROUTES)

@@ -187,8 +187,8 @@ class _Canonicalize(relax.PyExprMutator):
             if all(isinstance(v, tirx.IntImm) for v in expr.values):
                 return np.array([int(v) for v in expr.values], dtype=np.int64)
             return None
-        if isinstance(expr, relax.PrimValue) and isinstance(expr.value, tirx.IntImm):
-            return np.array(int(expr.value.value), dtype=np.int64)
+        if isinstance(expr, tirx.IntImm):        # an integer argument (tril/triu's diagonal)
+            return np.array(int(expr.value), dtype=np.int64)
         if isinstance(expr, relax.Tuple):
             fields = [self.value(f) for f in expr.fields]
             return None if any(f is None for f in fields) else fields
