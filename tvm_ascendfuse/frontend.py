@@ -230,6 +230,7 @@ def import_onnx(model, shape_dict: dict | None = None, fold_shapes: bool = True)
         from .onnx_shapes import fold_shapes as fold
 
         proto, folding = fold(proto)
+    proto = _axes_as_lists(proto)
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):   # TVM prints "Error converting operator X" on a failure
@@ -249,6 +250,27 @@ def import_onnx(model, shape_dict: dict | None = None, fold_shapes: bool = True)
         raise ModelError(f"ONNX import failed: {type(err).__name__}: {text.strip()}") from None
     info = {"shape_folding": folding.as_dict() if folding is not None else "off"}
     return mod.with_attr(FRONTEND_ATTR, info)
+
+
+def _axes_as_lists(proto):
+    """Unsqueeze/Squeeze whose ``axes`` is a 0-d constant (the dynamo export's repeat of key/value heads for
+    ``enable_gqa``; ONNX Runtime takes it) get a 1-element list, the form TVM's importer iterates over."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in proto.graph.initializer}
+    scalar = {n.input[1] for n in proto.graph.node if n.op_type in ("Unsqueeze", "Squeeze") and len(n.input) > 1
+              and n.input[1] in inits and len(inits[n.input[1]].dims) == 0}
+    if not scalar:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for name in sorted(scalar):     # a new 1-element tensor: other readers of the scalar keep it
+        out.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[name]).reshape(1),
+                                                             name + "__axes"))
+    for n in out.graph.node:
+        if n.op_type in ("Unsqueeze", "Squeeze") and len(n.input) > 1 and n.input[1] in scalar:
+            n.input[1] += "__axes"
+    return out
 
 
 def _check_text(line: str) -> str:

@@ -54,6 +54,7 @@ TRANSPOSE_CHAIN = "TransposeChainFusionPass"
 GEMM_ROW_LAYOUT = "GemmRowLayoutFusionPass"
 LAYOUT_CHAIN = "LayoutChainFusionPass"
 ATTENTION_SCALE = "AttentionScaleFusionPass"
+ATTENTION_MASK = "AttentionMaskFusionPass"
 PACKED_QKV = "PackedQkvFusionPass"
 CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
@@ -113,6 +114,11 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(ATTENTION_SCALE, GRAPH_FUSION,
                "scalar scales on Q and/or K before Q.K^T moved onto the score, where the attention kernel "
                "applies them"),
+    SwitchInfo(ATTENTION_MASK, GRAPH_FUSION,
+               "a boolean attention mask applied with where (where(keep, s, -inf), masked_fill) before softmax "
+               "-> s + where(keep, 0, -inf): the additive mask the attention kernel takes (a constant mask, "
+               "causal ones built in the graph included, folds to a constant); the NaN guard "
+               "where(isnan(p), 0, p) after softmax(s + mask) dropped when the constant mask keeps a key in every row"),
     SwitchInfo(PACKED_QKV, GRAPH_FUSION,
                "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
                "sibling merge then merges as it does separate projections"),

@@ -14,7 +14,8 @@ translator only knows in decomposed form is retried with the decompositions.
 Two of TVM's converters for un-decomposed programs are replaced (``_CONVERTERS``): ``aten.batch_norm``
 (TVM reads its arguments in the order of ``_native_batch_norm_legit``, so inference BatchNorm came out in
 training mode with the momentum as epsilon) and ``scaled_dot_product_attention`` (TVM drops its ``scale``
-argument).
+argument; ours also takes boolean masks, as the additive 0 / -inf mask, and ``enable_gqa``, as the key/value
+heads repeated by expand/reshape).
 """
 
 from __future__ import annotations
@@ -63,6 +64,25 @@ def _batch_norm(node, importer):
     return importer.block_builder.emit(out[0])
 
 
+def _repeat_heads(bb, t, heads: int, name: str):
+    """``enable_gqa``: the (batch, kv_heads, seq, dim) key/value repeated to ``heads`` heads as models write
+    it (expand_dims -> broadcast_to -> reshape), the form the attention kernel takes without materialising
+    the repeat."""
+    from tvm import relax
+
+    dims = [getattr(x, "value", None) for x in t.ty.shape]
+    if None in dims:
+        raise UnsupportedOpError(f"scaled_dot_product_attention '{name}': enable_gqa with symbolic shapes")
+    b, kv, n, d = dims
+    if heads % kv:
+        raise UnsupportedOpError(f"scaled_dot_product_attention '{name}': {heads} query heads are not a "
+                                 f"multiple of {kv} key/value heads")
+    if heads == kv:
+        return t
+    wide = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(t, [2])), (b, kv, heads // kv, n, d)))
+    return bb.emit(relax.op.reshape(wide, (b, heads, n, d)))
+
+
 def _sdpa(node, importer):
     """``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` on
     (batch, heads, seq, head_dim) tensors -> ``R.nn.attention`` (which takes batch, seq, heads, head_dim)."""
@@ -72,20 +92,27 @@ def _sdpa(node, importer):
     mask = _arg(node, 3, "attn_mask", None)
     if float(_arg(node, 4, "dropout_p", 0.0)) != 0.0:
         raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' has dropout; export in eval mode")
-    if _arg(node, 7, "enable_gqa", False):
-        raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' uses enable_gqa, which the "
-                                 "importer does not support; repeat the key/value heads in the model instead")
     if len(q.ty.shape) != 4:
         raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' on {len(q.ty.shape)}-D inputs; "
                                  "only (batch, heads, seq, head_dim) is supported")
     bias = None
     if mask is not None:
         bias = importer.env[mask]
-        if "float" not in str(bias.ty.dtype):
-            raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' has a {bias.ty.dtype} mask; "
-                                     "only additive float masks are supported")
-    scale = _arg(node, 6, "scale", None)
     bb = importer.block_builder
+    dtype = str(q.ty.dtype)
+    if mask is not None and str(bias.ty.dtype) == "bool":
+        # a boolean mask keeps the keys where it is True: the additive mask 0 / -inf (torch's definition)
+        bias = bb.emit(relax.op.where(bias, relax.const(0.0, dtype), relax.const(float("-inf"), dtype)))
+    elif mask is not None and "float" not in str(bias.ty.dtype):
+        raise UnsupportedOpError(f"scaled_dot_product_attention '{node.name}' has a {bias.ty.dtype} mask; "
+                                 "only boolean and additive float masks are supported")
+    if bias is not None and len(bias.ty.shape) < 4:
+        # R.nn.attention takes a 4-D bias; torch broadcasts a (seq_q, seq_kv) mask over batch and heads
+        shape = [1] * (4 - len(bias.ty.shape)) + list(bias.ty.shape)
+        bias = bb.emit(relax.op.reshape(bias, shape))
+    if _arg(node, 7, "enable_gqa", False):
+        k, v = (_repeat_heads(bb, t, int(q.ty.shape[1]), node.name) for t in (k, v))
+    scale = _arg(node, 6, "scale", None)
     to_bsnh = lambda t: bb.emit(relax.op.permute_dims(t, [0, 2, 1, 3]))
     out = bb.emit(relax.op.nn.attention(to_bsnh(q), to_bsnh(k), to_bsnh(v), bias=bias,
                                         scale=float(scale) if scale is not None else None,

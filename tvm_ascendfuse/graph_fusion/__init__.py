@@ -15,7 +15,8 @@
    that BN folding sees a constant weight and one constant bias.
 4. The recognitions, ``LayerNormFusionPass`` before ``RMSNormFusionPass`` (the inner part of a decomposed
    LayerNorm, ``d / sqrt(mean(d^2) + eps) * gamma``, is itself an RMSNorm of ``d``), then GELU, Swish,
-   Softmax (disjoint patterns). They come before the split so that it moves single ops (silu, gelu) and
+   Softmax (disjoint patterns); ``AttentionMaskFusionPass`` after Softmax turns a ``where`` mask in front of
+   a softmax into an additive one. They come before the split so that it moves single ops (silu, gelu) and
    not their decompositions (``x * sigmoid(x)`` uses the concat twice, which the split refuses).
    ``Conv1dAsConv2dFusionPass`` after them: it carries a conv1d's activation (now one op) into 4-D with it.
 5. ``ConcatSplitFusionPass``: moves elementwise ops and inference BatchNorm from a concat onto its parts.
@@ -39,6 +40,7 @@
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
 
+from .attention_mask import AttentionMaskFusionPass
 from .attention_op import ScaledDotProductAttentionFusionPass
 from .attention_scale import AttentionScaleFusionPass
 from .batchnorm_scale import BatchnormScaleFusionPass
@@ -75,6 +77,7 @@ GRAPH_FUSION_PASSES: list = [
     SwishFusionPass,
     Conv1dAsConv2dFusionPass,
     SoftmaxFusionPass,
+    AttentionMaskFusionPass,
     ConcatIdentityFusionPass,
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,

@@ -10,7 +10,9 @@ so TVM alone cannot compile such a model even though every value is known at com
 
 The pass walks the bindings in order and, while it re-emits them, evaluates small integer/bool values that
 depend only on constants and on static shapes (``shape_of`` of a tensor whose shape is static, and the
-arithmetic, indexing and scatter TVM's importer emits on it; numpy, at most ``MAX_ELEMENTS`` elements). Then:
+arithmetic, indexing and scatter TVM's importer emits on it; numpy, at most ``MAX_ELEMENTS`` elements), and
+boolean masks built from constants (``full`` -> ``tril``/``triu`` -> ``bitwise_not``: a causal mask, which
+TVM cannot legalize: its ``full`` of a boolean fails). Then:
 
 * ``dynamic_strided_slice(x, b, e, s)`` with known ``b, e, s`` becomes ``strided_slice(x, axes, b, e, s)``
   (same clamping semantics, static output shape);
@@ -36,6 +38,9 @@ from ..switches import STATIC_SHAPE as NAME
 
 # Larger values are left to FoldConstant after legalization: shape arithmetic is a handful of elements.
 MAX_ELEMENTS = 4096
+# A boolean mask built in the graph (causal: full -> tril) has seq x seq elements; TVM cannot legalize a
+# boolean ``full``, so it is evaluated here up to this size (1 byte an element).
+MAX_MASK_ELEMENTS = 1 << 22
 
 _SHAPE_CONSUMERS = ("relax.dynamic_strided_slice", "relax.reshape")
 
@@ -94,8 +99,14 @@ def _evaluate_call(name: str, call, args: list) -> np.ndarray | None:
         return _trunc_divide(a, b)
     if name == "relax.negative":
         return np.negative(args[0])
-    if name == "relax.logical_not":
+    if name == "relax.logical_not" or (name == "relax.bitwise_not" and args[0].dtype == bool):
         return np.logical_not(args[0])
+    if name == "relax.full":
+        # ``full(shape, fill)``: the boolean/int masks exports build in the graph (causal ones)
+        return np.full([int(d) for d in args[0]], args[1].reshape(()), dtype=str(attrs.dtype))
+    if name in ("relax.tril", "relax.triu"):
+        k = int(args[1].reshape(())) if len(args) > 1 else 0
+        return (np.tril if name == "relax.tril" else np.triu)(args[0], k)
     if name == "relax.astype":
         return args[0].astype(str(attrs.dtype))
     if name == "relax.where":
@@ -176,6 +187,8 @@ class _Canonicalize(relax.PyExprMutator):
             if all(isinstance(v, tirx.IntImm) for v in expr.values):
                 return np.array([int(v) for v in expr.values], dtype=np.int64)
             return None
+        if isinstance(expr, tirx.IntImm):        # an integer argument (tril/triu's diagonal)
+            return np.array(int(expr.value), dtype=np.int64)
         if isinstance(expr, relax.Tuple):
             fields = [self.value(f) for f in expr.fields]
             return None if any(f is None for f in fields) else fields
@@ -197,7 +210,9 @@ class _Canonicalize(relax.PyExprMutator):
             out = _evaluate_call(name, value, args)
         except Exception:  # noqa: BLE001 - a value we cannot reproduce exactly stays a run-time value
             return None
-        if out is None or out.size > MAX_ELEMENTS or out.dtype.kind not in "biu":
+        if out is None or out.dtype.kind not in "biu":
+            return None
+        if out.size > (MAX_MASK_ELEMENTS if out.dtype == bool else MAX_ELEMENTS):
             return None
         return out
 

@@ -220,6 +220,12 @@ class FusionModel:
                 return f"{self.graph.patterns[pid].name} takes only layout ops besides its pattern"
         return None
 
+    def rearranges_group(self, m: int, mset: set) -> bool:
+        """Every tensor node ``m`` reads is computed in the group (no input, constant or outside tensor)."""
+        n = self.nodes[m]
+        inside = {self.nodes[p].var for p in n.producers if p in mset}
+        return bool(inside) and all(isinstance(a, relax.Var) and a in inside for a in n.args)
+
     def structure(self, members: list[int]) -> str | None:
         """None if the NPU can run these ops as one kernel, else what breaks it.
 
@@ -271,9 +277,11 @@ class FusionModel:
                 stack.extend(q for q in nodes[p].producers if q in mset)
         if cubes:
             after_cube = reachable(nodes, cubes, mset, "users")
-            if any(nodes[m].concat for m in after_cube):
+            gemms_only = all(nodes[c].row_operand for c in cubes)
+            if any(nodes[m].concat and not (gemms_only and self.rearranges_group(m, mset)) for m in after_cube):
                 # the conv would copy the concat's other parts; it writes its own slice in place instead
-                # (ConvConcat), or the concat is read where it is consumed (a conv's or pool's input)
+                # (ConvConcat), or the concat is read where it is consumed (a conv's or pool's input). A
+                # GEMM's concat of parts of its own result (RoPE's rotate-half) copies nothing from outside.
                 return "concat behind a cube op"
         reds = [m for m in members if nodes[m].locked is None and not nodes[m].cube
                 and nodes[m].pattern in (REDUCE, OUT_EWISE)]
