@@ -121,7 +121,13 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
         owr = next((d for d in range(cap, 0, -1) if ow % d == 0), cap)
         return cap if owr * 2 <= cap else owr
 
-    cands = [(ocr, columns(ocr)) for ocr in (2, 1) if oc >= ocr * vl and oc % (ocr * vl) == 0]
+    counts = (2, 1)
+    if vl < lanes and not columns_first:
+        # OC not a multiple of the host's full vector (24, 72, 120 channels: MobileNet/EfficientNet
+        # widths that are multiples of 8, not 16): narrower vectors, so take as many of them as cover the
+        # channels two full vectors would, each broadcast input pixel then feeds as many lanes
+        counts = (max(r for r in range(1, 2 * lanes // vl + 1) if oc % (r * vl) == 0), 1)
+    cands = [(ocr, columns(ocr)) for ocr in dict.fromkeys(counts) if oc >= ocr * vl and oc % (ocr * vl) == 0]
     if columns_first:
         ocr, owr = max(cands, key=lambda c: (c[1] * 2 >= acc, c[0] * c[1], c[0]))
     else:
