@@ -185,6 +185,10 @@ PLANE_CASES = {
     "1x1_residual": (((1, 64, 7, 7), (128, 64, 1, 1), (1, 128, 1, 1), (1, 128, 7, 7)), 1, 0, True),
     # a 28x28 plane's accumulator exceeds the budget: pointwise convs take blocks of rows instead
     "1x1_28x28_row_blocks": (((1, 32, 28, 28), (32, 32, 1, 1), (1, 32, 1, 1)), 1, 0, False),
+    # input channels no power of two divides into chunks (MobileNet/EfficientNet widths): chunks of 48, 24, 40
+    "1x1_144_channels": (((1, 144, 28, 28), (32, 144, 1, 1), (1, 32, 1, 1)), 1, 0, False),
+    "1x1_72_channels_residual": (((1, 72, 14, 14), (48, 72, 1, 1), (1, 48, 1, 1), (1, 48, 14, 14)), 1, 0, True),
+    "3x3_120_channels": (((1, 120, 7, 7), (128, 120, 3, 3), (1, 128, 1, 1)), 1, 1, False),
 }
 
 
