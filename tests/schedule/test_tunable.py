@@ -110,7 +110,7 @@ def test_space_generator_makes_a_metaschedule_space(kernel):
     space = space_generator("matmul", NPU, HOST)
     assert isinstance(space, ms.space_generator.ScheduleFn)
     with pytest.raises(AscendFuseError, match="no tunable space"):
-        apply_tunable(s_tir.Schedule(kernel.workload), "pool", NPU, HOST, LeastDrawnTiles())
+        apply_tunable(s_tir.Schedule(kernel.workload), "elementwise", NPU, HOST, LeastDrawnTiles())
 
 
 def test_ub_postproc_rejects_a_schedule_over_capacity(points):

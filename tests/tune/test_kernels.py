@@ -54,7 +54,7 @@ def test_copies_of_one_function_under_two_names_are_one_kernel():
 
 
 def test_the_rules_say_which_are_tunable(monkeypatch):
-    assert tunable_rules() == {"matmul": MatmulRule, "conv2d": Conv2dRule}
+    assert {"matmul": MatmulRule, "conv2d": Conv2dRule}.items() <= tunable_rules().items()
     assert set(tunable_rules().values()) == {r for r in DEFAULT_RULES if r.tunable}
     mod = import_onnx(mlp([32, 48]))
     assert [k.tunable for k in extract_kernels(mod, NPU, HOST)] == [True]

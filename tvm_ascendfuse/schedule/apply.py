@@ -49,7 +49,12 @@ DEFAULT_RULES = (SqueezeExciteRule, AttentionProjectionRule, AttentionRule, Chai
 def default_rules(target: AscendTarget, host=None) -> list:
     """Tuned records for this target and host CPU first (when ``schedules/<target>/<cpu>/`` holds a database),
     then the rules."""
-    return tuned_rules(target.name, host)[0] + _rule_instances(DEFAULT_RULES)
+    return tuned_rules(target.name, host, _prepares())[0] + _rule_instances(DEFAULT_RULES)
+
+
+def _prepares() -> list:
+    """The rules' ``prepare`` rewrites (records of such a rule are keyed by the prepared kernel)."""
+    return [r.prepare for r in DEFAULT_RULES if getattr(r, "prepare", None) is not None]
 
 
 def product_blocks(func: tirx.PrimFunc) -> int:
@@ -136,7 +141,7 @@ class ApplyUBSchedules(PyPass):
 
     def _rules(self, host) -> list:
         if self.rules is None:
-            tuned, self.tuning = tuned_rules(self.target.name, host)
+            tuned, self.tuning = tuned_rules(self.target.name, host, _prepares())
             self.rules = tuned + _rule_instances(DEFAULT_RULES)
         return self.rules
 

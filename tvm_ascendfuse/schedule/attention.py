@@ -5,7 +5,8 @@ exponentials and probabilities live in ``local.UB`` together with the head's Káµ
 itself; the two contractions run as register-friendly loops (reduction outside, the contiguous output axis
 innermost and vectorised) and the softmax row reductions are vectorised through ``rfactor``. rb is the
 largest power of two whose working set, doubled for double buffering, fits usable UB. The blocks run in
-parallel over the host's cores.
+parallel over the host's cores. Tuning (``tunable.py``): rb is a sampled decision over the powers of two
+that pass the same UB check, the rule's own rb first.
 """
 
 from __future__ import annotations
@@ -30,15 +31,17 @@ class AttentionRule(ScheduleRule):
 
     name = "attention"
     min_products = 2
+    tunable = True      # query rows per block: ``tiles`` chooser (base.ScheduleRule), ``row_block_candidates``
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) == "bfloat16" for p in func.params):
-            # bf16 is stored as uint16 on the host; this rule's vectorized stores then fail TVM's BF16
-            # legalization ("dtype mismatch on BufferStore ... T.bfloat16x8"). Another rule takes it.
+        if not _eligible(func):
             return None
-        if not reduction_between_products(func):
-            return None     # e.g. a chained FFN: declined before building a schedule (which takes milliseconds)
-        sch = s_tir.Schedule(func)
+        return self.schedule(s_tir.Schedule(func), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> "s_tir.Schedule | None":
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
+        if not _eligible(sch.mod["main"]):
+            return None
         infos = block_infos(sch)
         if not infos:
             return None
@@ -112,15 +115,16 @@ class AttentionRule(ScheduleRule):
                 if not b.same_as(c1.block_rv):
                     panels.add(sch.get(b).name_hint)
         copies = 2 if target.double_buffer else 1
+        fits = lambda rows: head_bytes + copies * rows * row_bytes <= target.ub_usable  # noqa: E731
         rb = 1
-        while (rb * 2 <= sq_static and rb * 2 <= 64
-               and head_bytes + copies * rb * 2 * row_bytes <= target.ub_usable):
+        while rb * 2 <= sq_static and rb * 2 <= 64 and fits(rb * 2):
             rb *= 2
-        if head_bytes + copies * rb * row_bytes > target.ub_usable:
+        if not fits(rb):
             return None                       # one block of score rows does not fit UB
         cores = num_cores(host)
         while rb > 4 and isinstance(sq, int) and batch * math.ceil(sq / rb) < 2 * cores:
             rb //= 2
+        rb = self.choose(sch, rb, lambda: row_block_candidates(rb, sq_static, fits))
         for blk in staged:
             if not is_output_block(sch, blk):
                 ok(sch.set_scope, blk, 0, UB_SCOPE)
@@ -184,6 +188,31 @@ class AttentionRule(ScheduleRule):
             else:
                 innermost_vector(sch, blk, lanes)
         return sch
+
+
+# Query rows per block a tuner may try besides the default (powers of two up to the query rows).
+MAX_ROW_BLOCK = 128
+
+
+def row_block_candidates(default: int, rows: int, fits) -> list[int]:
+    """Query rows per block: the default first, then every power of two up to the query rows (and
+    MAX_ROW_BLOCK) whose block passes the rule's UB check ``fits(rows)``."""
+    out = [default]
+    rb = 1
+    while rb <= max(1, min(rows, MAX_ROW_BLOCK)):
+        if rb not in out and fits(rb):
+            out.append(rb)
+        rb *= 2
+    return out
+
+
+def _eligible(func: tirx.PrimFunc) -> bool:
+    if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) == "bfloat16" for p in func.params):
+        # bf16 is stored as uint16 on the host; this rule's vectorized stores then fail TVM's BF16
+        # legalization ("dtype mismatch on BufferStore ... T.bfloat16x8"). Another rule takes it.
+        return False
+    # e.g. a chained FFN: declined before building a schedule (which takes milliseconds)
+    return reduction_between_products(func)
 
 
 def _row_indexed(sch, product, block) -> bool:

@@ -19,7 +19,8 @@ starts by normalising its rows once (row sums of squares as vector partial sums,
 (register tiles over the pre-packed ``D`` columns of Wq, in UB): Q never goes to GM either.
 
 After the last head the epilogue (bias, residual) runs on the accumulator rows and they are written out. The
-head-merged attention output never exists in GM. ``m`` comes from ``tiling.attention_row_block`` (the budget
+head-merged attention output never exists in GM (a tuner samples ``m`` among the divisors within the same
+capacity). ``m`` comes from ``tiling.attention_row_block`` (the budget
 the grouping pass checked), cut to a divisor of the rows and to rows / host cores.
 """
 
@@ -53,18 +54,34 @@ from .layout import PREPROC_ANNOTATION
 from .partial_sums import lane_partials, stage_norm_prologue, vectorize_partial_sums, vectorize_rf
 
 
+MAX_CANDIDATES = 12     # row blocks a tuner may try: the default and the largest divisors within capacity
+
+
 class AttentionProjectionRule(ScheduleRule):
     """Q·Kᵀ → softmax → ·V per head, heads merged into a projection's reduction axis (+ epilogue)."""
 
     name = "attention-projection"
     min_products = 3
+    tunable = True      # query rows per block: ``tiles`` chooser (base.ScheduleRule)
+
+    @staticmethod
+    def prepare(func: tirx.PrimFunc) -> tirx.PrimFunc:
+        """The kernel as the rule schedules it (``base.ScheduleRule.prepare``): index arithmetic of the reshapes
+        simplified over the block domains (``(k // 1024 + i) % 256`` -> ``i``); else compute-at sees every head
+        read all query rows and recomputes the whole attention per block."""
+        return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         if not float32_only(func) or not reduction_between_products(func):
             return None          # e.g. a chained FFN's three products: declined before building a schedule
-        # index arithmetic of the reshapes simplified over the block domains (``(k // 1024 + i) % 256`` -> ``i``):
-        # else compute-at sees every head read all query rows and recomputes the whole attention per block
-        sch = s_tir.Schedule(s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"])
+        return self.schedule(s_tir.Schedule(self.prepare(func)), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
+        """Schedule ``sch`` (a prepared kernel) in place (a MetaSchedule space passes its own traced
+        schedule); None declines."""
+        func = sch.mod["main"]
+        if not float32_only(func) or not reduction_between_products(func):
+            return None
         plan = self._plan(sch)
         if plan is None:
             return None
@@ -163,6 +180,9 @@ class AttentionProjectionRule(ScheduleRule):
         # a divisor of one sequence's query rows, so that no row block straddles two batch entries (it would
         # compute the attention stages of both)
         m = largest_divisor(rows_dom[-3], min(check.tile_elems, max(1, rows // max(1, cores))))
+        seq = rows_dom[-3]
+        m = self.choose(sch, m, lambda: [m] + [r for r in range(1, min(seq, check.tile_elems) + 1)
+                                               if seq % r == 0 and r != m][-(MAX_CANDIDATES - 1):])
 
         rf_names = lane_partials(sch, order[at[qk] + 1:at[pv]], lanes)      # the softmax's max and sum
 

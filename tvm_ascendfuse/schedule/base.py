@@ -54,6 +54,18 @@ class ScheduleRule:
     # printable) and uses what it returns, and schedules a given traced schedule in place with
     # ``schedule(sch, target, host)``.
     tunable = False
+    tiles = None        # the ``tiles`` chooser of a tunable rule (None: the rule's own choice)
+    # ``prepare(func) -> func``: a rewrite a tunable rule makes of a kernel before scheduling it, which no trace
+    # records (e.g. index simplification); the tuner searches, and records are keyed by, the prepared kernel
+    prepare = None
+
+    def __init__(self, tiles=None):
+        self.tiles = tiles
+
+    def choose(self, sch, default, candidates):
+        """The rule's tile decision: ``default`` without a chooser, else the chooser's pick from
+        ``candidates()`` (a sampled decision of ``sch``'s trace; see ``tunable``)."""
+        return default if self.tiles is None else self.tiles(sch, default, candidates)
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
         """A schedule of ``func``, or None to decline."""

@@ -24,8 +24,9 @@ output never goes to GM.
 The intermediate never exists in GM, nor whole in UB; the weights are read once per row block (pre-packed at
 compile time into the order the tiles read them). ``m`` comes from ``tiling.chain_row_block`` (the same UB
 budget the grouping pass checked), cut to what L0C holds, to a divisor of the row count and to
-rows / host cores. The weights are streamed once per row block: with UB's budget (``m`` = 32 rows for a
-768- or 1024-wide output) that is rows / 32 times per call, against about once for two separate GEMMs.
+rows / host cores (a tuner, ``tunable.py``, samples it among the row blocks within the same capacity). The
+weights are streamed once per row block: with UB's budget (``m`` = 32 rows for a 768- or 1024-wide output)
+that is rows / 32 times per call, against about once for two separate GEMMs.
 """
 
 from __future__ import annotations
@@ -58,16 +59,33 @@ from .layout import PREPROC_ANNOTATION
 from .partial_sums import stage_norm_prologue, vectorize_partial_sums
 
 
+def row_block_candidates(default: int, rows: int, most: int) -> list[int]:
+    """Rows per block a tuner may try: the default first, then ``common.row_block`` of every power of two
+    and every divisor of ``rows`` up to ``most`` (the rows UB, L1 and L0C hold, the rule's capacity check)."""
+    caps = {d for d in range(1, min(rows, most) + 1) if rows % d == 0}
+    caps |= {1 << i for i in range(most.bit_length()) if 1 << i <= min(rows, most)}
+    out = [default]
+    for cap in sorted(caps):
+        m = row_block(rows, cap)
+        if m not in out:
+            out.append(m)
+    return out
+
+
 class ChainedGemmRule(ScheduleRule):
     """First product(s) -> elementwise -> second product (+ injective epilogue, + row norm), per row block."""
 
     name = "chained-matmul"
     min_products = 2
+    tunable = True      # rows per block: ``tiles`` chooser (base.ScheduleRule), ``row_block_candidates``
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        if not float32_only(func):
+        return self.schedule(s_tir.Schedule(func), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
+        if not float32_only(sch.mod["main"]):
             return None
-        sch = s_tir.Schedule(func)
         plan = self._plan(sch)
         if plan is None:
             return None
@@ -149,12 +167,13 @@ class ChainedGemmRule(ScheduleRule):
         if not check.fits:
             return None             # one row does not fit UB (the grouping pass refuses such a chain)
         cores = num_cores(host)
-        cap = min(check.tile_elems, max(1, rows // max(1, cores)))
         # the accumulator rows in L0C (the cube accumulates there across the panels) when they fit, else UB
         acc_scope = L0C_SCOPE if accumulator_in_l0c(n2, target) else UB_SCOPE
+        most = check.tile_elems                  # rows per block the capacity allows
         if acc_scope == L0C_SCOPE:
-            cap = min(cap, target.capacity(L0C_SCOPE) // target.align_up(n2 * 4, "l0c"))
-        m = row_block(rows, cap)
+            most = min(most, target.capacity(L0C_SCOPE) // target.align_up(n2 * 4, "l0c"))
+        m = row_block(rows, min(most, max(1, rows // max(1, cores))))
+        m = self.choose(sch, m, lambda: row_block_candidates(m, rows, most))
 
         # weights pre-packed into the column panels the register blocks walk
         v2 = vector_width_for(n2, lanes)

@@ -88,11 +88,28 @@ def schedule_contraction(sch, block, lanes: int, accumulators: int = 16):
     return j0
 
 
-def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 16) -> bool:
+def gemm_root_candidates(default: tuple[int, int], i_ext, j_ext: int, v: int,
+                         accumulators: int = 16) -> list[tuple[int, int]]:
+    """(mr, nvec) register blocks a tuner may try for ``schedule_gemm_root``: the default first, then every
+    block of mr rows (dividing the rows) x nvec vectors (dividing the columns) whose accumulators fit the
+    register file, as the default's do."""
+    out = [default]
+    rows = range(1, min(i_ext, 2 * accumulators) + 1) if i_ext is not None else (1, 2, 4, 8)
+    for nvec in (1, 2, 4, 8):
+        if j_ext % (nvec * v):
+            continue
+        for mr in rows:
+            if (i_ext is None or i_ext % mr == 0) and mr * nvec <= accumulators and (mr, nvec) not in out:
+                out.append((mr, nvec))
+    return out
+
+
+def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 16, choose=None) -> bool:
     """A whole GEMM at the root of its kernel (K1 recipe, field guide §10): loops ``j0, i0, k0, i1, j1,
     j2``, an ``mr × nr`` accumulator tile in ``local.UB`` (registers on the host) written back per
     micro-tile, parallel over the column panels. False when the block is not a plain
-    product with a static, vectorisable output axis."""
+    product with a static, vectorisable output axis. ``choose(sch, default, candidates)``: a tunable rule's
+    tile decision over ``gemm_root_candidates`` (see ``base.ScheduleRule.choose``)."""
     stmt = sch.get(block)
     kinds = [iv.iter_type for iv in stmt.iter_vars]
     red = [i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce]
@@ -112,6 +129,9 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
         nvec = 1
     if i_ext is not None and i_ext % mr:
         mr = largest_divisor(i_ext, mr)
+    if choose is not None:
+        default = (mr, nvec)
+        mr, nvec = choose(sch, default, lambda: gemm_root_candidates(default, i_ext, j_ext, v, accumulators))
     _prepack_weight(sch, block, stmt.iter_vars[spatial[-1]].var, stmt.iter_vars[red[0]].var, nvec * v)
     by_iter = loops_by_iter(sch, block)
     i_loop, j_loop, k_loop = by_iter[spatial[-2]], by_iter[spatial[-1]], by_iter[red[0]]

@@ -118,20 +118,52 @@ def choose_depthwise_tiles(channels: int, oh: int, ow: int, padded_w: int, batch
     return DepthwiseTiles(vl, rows, owr)
 
 
+MAX_CANDIDATES = 12
+
+
+def depthwise_candidates(default: DepthwiseTiles, channels: int, oh: int, ow: int, padded_w: int,
+                         batch: int | None, info: GroupedConvBlock, target: AscendTarget,
+                         cores: int) -> list[DepthwiseTiles]:
+    """Tiles a tuner may try: the default first, then output rows per tile (dividing OH, at least a tile per
+    core) x output columns per register block (dividing OW, at most MAX_COLUMNS) whose tile passes the rule's
+    UB check (``stage_bytes``); changes of one of the two first (at most MAX_CANDIDATES in all)."""
+    nbytes = dtype_bytes(info.out_dtype)
+    blocks = (batch or 1) * (channels // default.vl)
+    rows = [r for r in range(1, oh + 1) if oh % r == 0 and blocks * (oh // r) >= min(cores, blocks * oh)]
+    cols = sorted({d for d in range(2, min(ow, MAX_COLUMNS) + 1) if ow % d == 0} | {default.owr})
+    fits = [DepthwiseTiles(default.vl, r, c) for r in rows for c in cols
+            if stage_bytes(r, info, padded_w, default.vl, c, nbytes, target) <= target.ub_usable]
+    changes = lambda t: (t.rows != default.rows) + (t.owr != default.owr)  # noqa: E731
+    others = sorted((t for t in fits if t != default), key=lambda t: (changes(t), t.rows, t.owr))
+    return [default, *others[:MAX_CANDIDATES - 1]]
+
+
 class DepthwiseConv2dRule(ScheduleRule):
-    """Depthwise conv2d + epilogue, channels on the vector lanes (see module docstring)."""
+    """Depthwise conv2d + epilogue, channels on the vector lanes (see module docstring).
+
+    Tunable: rows per tile and columns per register block are a sampled decision (``depthwise_candidates``).
+    The register-transposed input copy is a rewrite of the scheduled function, which no trace records: under
+    a tuner the schedule leaves the copy marked (``transpose.mark_transposed_stage``) and the rewrite is made
+    where a traced schedule becomes a kernel (``tuned.finish_traced``: the measured build and the applied
+    record)."""
 
     name = "depthwise-conv2d"
+    tunable = True
 
-    def __init__(self, transpose_store: bool = True, transpose_load: bool = True, prepack: bool = True):
+    def __init__(self, transpose_store: bool = True, transpose_load: bool = True, prepack: bool = True,
+                 tiles=None):
         self.transpose_store = transpose_store
         self.transpose_load = transpose_load
         self.prepack = prepack
+        self.tiles = tiles
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | Declined | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
+        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | Declined | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         blocks = list(root_blocks(sch))
         reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
         found = [i for i in reductions if match_depthwise_conv2d(sch, blocks[i]) is not None]
@@ -175,6 +207,8 @@ class DepthwiseConv2dRule(ScheduleRule):
             one = stage_bytes(1, info, padded[3], _lanes(channels, info.out_dtype, hv), _columns(ow),
                               dtype_bytes(info.out_dtype), target)
             return Declined(f"the tile of one output row needs {one} B of UB, usable {target.ub_usable} B")
+        t = self.choose(sch, t, lambda: depthwise_candidates(t, channels, oh, ow, padded[3], extent(sch, n), info,
+                                                             target, hv.cores))
         vl = t.vl
         f0, f1 = sch.split(f, [None, vl])
         y0, y1 = sch.split(y, [None, t.rows])
@@ -223,7 +257,7 @@ class DepthwiseConv2dRule(ScheduleRule):
         try_(sch.unroll, il[-2])
         note = f"depthwise-conv2d: {'packed ' if packed else ''}{t}, {how}"
         sch.annotate(conv, "ascendfuse.schedule", note)
-        if transposed:
+        if transposed and self.tiles is None:
             func, rewritten = rewrite_transposed_stages(sch.mod["main"])
             if rewritten:
                 sch = s_tir.Schedule(tvm.IRModule({"main": func}))

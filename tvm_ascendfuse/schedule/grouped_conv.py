@@ -24,7 +24,7 @@ from ..target import AscendTarget
 from .analysis import has_reduce, match_grouped_conv2d
 from .base import Declined, ScheduleRule, Scheduled
 from .common import as_target, extent, root_blocks
-from .conv_schedule import ConvChoice, ConvOptions, choose_conv_tiles, schedule_conv2d
+from .conv_schedule import ConvChoice, ConvOptions, choose_conv_tiles, conv_candidates, schedule_conv2d
 from .fast_math import use_fast_math
 from .hostvec import host_vector
 from .plane_pool import schedule_plane_pool, split_plane_pool
@@ -34,11 +34,15 @@ class GroupedConv2dRule(ScheduleRule):
     """Grouped conv2d (OCg >= 2 output channels per group) + epilogue, register-blocked within a group."""
 
     name = "grouped-conv2d"
+    tunable = True      # register block within a group and output-row blocks: ``tiles`` chooser (base.ScheduleRule)
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | Declined | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
+        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | Declined | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         blocks = list(root_blocks(sch))
         reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
         found = [(i, g) for i, g in ((i, match_grouped_conv2d(sch, blocks[i])) for i in reductions)
@@ -63,13 +67,22 @@ class GroupedConv2dRule(ScheduleRule):
         npu = as_target(target)
         tiles = choose_conv_tiles(info.out_per_group, ow, info.out_dtype, hv, npu, columns_first=info.kernel[1] > 1)
 
-        def within_group(_sch, default: ConvChoice, _candidates) -> ConvChoice:
-            return ConvChoice(tiles, default.row_blocks)
+        used = [tiles]      # the register block the schedule took (a tuner's pick), for the note
+
+        def within_group(sch_, default: ConvChoice, candidates) -> ConvChoice:
+            # the conv schedule's candidates are sized for all output channels; a group's register block
+            # divides the group's channels (its row-block choices are kept)
+            mine = ConvChoice(tiles, default.row_blocks)
+            chosen = self.choose(sch_, mine, lambda: conv_candidates(
+                mine, info.out_per_group, ow, info.out_dtype, hv, npu,
+                row_blocks=list(dict.fromkeys(c.row_blocks for c in candidates()))))
+            used[0] = chosen.tiles
+            return chosen
 
         opts = ConvOptions(channel_chunk=0, nchwc_min_ic=0, plane_chunks=False, subsample_strided=False,
                            tiles=within_group)
         if schedule_conv2d(sch, blocks, ci, info, npu, hv, opts) is None:
             return None
         return Scheduled(sch, f"grouped-conv2d: {info.groups} groups of {info.in_per_group}->"
-                              f"{info.out_per_group} channels, register block {tiles.ocb}ch x {tiles.owr}cols"
+                              f"{info.out_per_group} channels, register block {used[0].ocb}ch x {used[0].owr}cols"
                               f"{pool_note}")

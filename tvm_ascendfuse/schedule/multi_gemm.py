@@ -3,6 +3,7 @@
 Each product runs as its own register-blocked stage over all rows (K1 recipe: ``local.UB`` accumulator tile,
 prepacked constant weight, parallel over column panels); the elementwise combine is inlined into one output
 stage tiled through UB (``injective.tile_injective``). A single-GEMM kernel is left to ``MatmulRule``.
+Tunable: the register block is one sampled decision shared by the products (``contraction.gemm_root_candidates``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ class MultiGemmRule(ScheduleRule):
 
     name = "multi-matmul"
     min_products = 2
+    tunable = True      # one register block for the products: ``tiles`` chooser (base.ScheduleRule)
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        sch = s_tir.Schedule(func)
+        return self.schedule(s_tir.Schedule(func), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> "s_tir.Schedule | None":
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         infos = block_infos(sch)
         if not infos:
             return None
@@ -40,8 +45,9 @@ class MultiGemmRule(ScheduleRule):
             if not b.is_reduction() and not is_output_block(sch, b.block_rv):
                 ok(sch.compute_inline, b.block_rv)
         lanes = vector_lanes(host, 32)
+        choose = _SharedTiles(self.choose)
         for b in products:
-            if not schedule_gemm_root(sch, b.block_rv, lanes, num_cores(host)):
+            if not schedule_gemm_root(sch, b.block_rv, lanes, num_cores(host), choose=choose):
                 return None
         for blk in root_blocks(sch):
             stmt = sch.get(blk)
@@ -50,3 +56,20 @@ class MultiGemmRule(ScheduleRule):
             if all(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars) and is_output_block(sch, blk):
                 tile_injective(sch, blk, target, host, stage=True)
         return sch
+
+
+class _SharedTiles:
+    """One tile decision for all the products (the first product's candidates): each later product takes the
+    register block drawn for the first when it is one of its own candidates, else its own default; at the
+    first product's default every product keeps its own default (the untuned schedule)."""
+
+    def __init__(self, choose):
+        self.choose = choose
+        self.first = None       # (default, pick) of the first product
+
+    def __call__(self, sch, default, candidates):
+        if self.first is None:
+            self.first = (default, self.choose(sch, default, candidates))
+            return self.first[1]
+        first_default, pick = self.first
+        return default if pick == first_default or pick not in candidates() else pick

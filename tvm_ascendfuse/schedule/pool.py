@@ -14,7 +14,8 @@ but no single-reduction rule takes the kernel, and the generic fallback ran ResN
 tile: a tile is ``cb`` channels x ``rb`` output rows; the input window rows it needs (with the padding) are
 staged in ``local.UB``, its outputs are produced in ``local.UB`` and written back with the epilogue (divide,
 reshape). Tiles are sized from the target's usable UB (double-buffered) and spread over the host cores;
-staging and write-back are vectorised, the window is reduced innermost per output.
+staging and write-back are vectorised, the window is reduced innermost per output. Tunable: the tile is a
+sampled decision over the tiles within the same UB budget (``pool_tile_candidates``).
 """
 
 from __future__ import annotations
@@ -50,16 +51,8 @@ def choose_pool_tile(channels: int, out_rows: int, out_cols: int, info: PoolBloc
                      target: AscendTarget, cores: int) -> tuple[int, int]:
     """(channels, output rows) per tile: the staged input rows + the output tile, double-buffered and 32 B
     aligned, fit usable UB; then the tile shrinks (channels first) until every core gets several tiles."""
-    copies = 2 if target.double_buffer else 1
-    budget = target.ub_usable // copies
-
-    def in_rows(rb):
-        return min(info.rows_in, math.ceil(info.rows_in * rb / max(out_rows, 1)) + info.kernel_rows)
-
-    def tile_bytes(cb, rb):
-        return (target.align_up(cb * in_rows(rb) * info.cols_in * nbytes)
-                + target.align_up(cb * rb * out_cols * nbytes))
-
+    budget = _pool_budget(target)
+    tile_bytes = lambda cb, rb: pool_tile_bytes(cb, rb, out_rows, out_cols, info, nbytes, target)  # noqa: E731
     divisors = lambda n: [d for d in range(n, 0, -1) if n % d == 0]   # noqa: E731
     rb = next((d for d in divisors(out_rows) if tile_bytes(1, d) <= budget), 1)
     cb = next((d for d in divisors(channels) if tile_bytes(d, rb) <= budget), 1)
@@ -71,15 +64,49 @@ def choose_pool_tile(channels: int, out_rows: int, out_cols: int, info: PoolBloc
     return cb, rb
 
 
+def _pool_budget(target: AscendTarget) -> int:
+    return target.ub_usable // (2 if target.double_buffer else 1)
+
+
+def pool_tile_bytes(cb: int, rb: int, out_rows: int, out_cols: int, info: PoolBlock, nbytes: int,
+                    target: AscendTarget) -> int:
+    """UB bytes of one pool tile (one copy): its staged input window rows and its output tile, 32 B aligned."""
+    in_rows = min(info.rows_in, math.ceil(info.rows_in * rb / max(out_rows, 1)) + info.kernel_rows)
+    return target.align_up(cb * in_rows * info.cols_in * nbytes) + target.align_up(cb * rb * out_cols * nbytes)
+
+
+MAX_POOL_CANDIDATES = 8
+
+
+def pool_tile_candidates(default: tuple[int, int], channels: int, out_rows: int, out_cols: int, info: PoolBlock,
+                         nbytes: int, target: AscendTarget, cores: int) -> list[tuple[int, int]]:
+    """(channels, output rows) per tile a tuner may try: the default first, then tiles of power-of-two channel
+    counts and any row count (each dividing its axis) that fit the rule's UB budget and give every core a tile,
+    the ones nearest the default in size first (at most MAX_POOL_CANDIDATES)."""
+    budget = _pool_budget(target)
+    cbs = [d for d in range(1, channels + 1) if channels % d == 0 and d & (d - 1) == 0]
+    rbs = [d for d in range(1, out_rows + 1) if out_rows % d == 0]
+    size = lambda t: abs(math.log2(t[0] * t[1]) - math.log2(default[0] * default[1]))  # noqa: E731
+    others = sorted(((cb, rb) for cb in cbs for rb in rbs if (cb, rb) != default
+                     and (channels // cb) * (out_rows // rb) >= cores
+                     and pool_tile_bytes(cb, rb, out_rows, out_cols, info, nbytes, target) <= budget),
+                    key=lambda t: (size(t), t))
+    return [default, *others[:MAX_POOL_CANDIDATES - 1]]
+
+
 class PoolRule(ScheduleRule):
     """Pooling over NCHW planes, alone or after a conv2d in the same kernel (see module docstring)."""
 
     name = "pool"
+    tunable = True      # channels x output rows per tile: ``tiles`` chooser (base.ScheduleRule)
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": func})), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         blocks = list(root_blocks(sch))
         reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
         if not reductions or len(reductions) > 2:
@@ -121,6 +148,8 @@ class PoolRule(ScheduleRule):
             return False
         nbytes = buffer_bytes(pool.source)
         cb, rb = choose_pool_tile(channels, rows, cols, pool, nbytes, target, num_cores(host))
+        cb, rb = self.choose(sch, (cb, rb), lambda: pool_tile_candidates(
+            (cb, rb), channels, rows, cols, pool, nbytes, target, num_cores(host)))
         co, ci = sch.split(c, [None, cb])
         yo, yi = sch.split(y, [None, rb])
         # window innermost: each output accumulates in a register. (Vectorising the output columns instead

@@ -3,7 +3,8 @@
 One row at a time: every block is computed at the row loop of the last block, so a row's intermediates
 (the ``x + r`` row, the exponentials of softmax, the partial sums) live in ``local.UB`` and the input is
 read from GM once. Sums and maxima are vectorised with ``rfactor`` into lane-wide partials, which must
-happen *before* ``compute_at`` (rfactor needs the reduction block to head its loop nest). When a row does
+happen *before* ``compute_at`` (rfactor needs the reduction block to head its loop nest). Tunable: the
+reduction rule samples how many vectors of partials a row keeps (independent accumulators). When a row does
 not fit UB the row tensor is not staged: it streams from GM (the report notes it).
 """
 
@@ -30,9 +31,13 @@ class ReductionRule(ScheduleRule):
     """Blocks with shared leading spatial (row) axes, at least one reducing the trailing axes."""
 
     name = "reduction"
+    tunable = True      # width of the partial sums: ``tiles`` chooser (base.ScheduleRule), ``schedule_rows``
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        sch = s_tir.Schedule(func)
+        return self.schedule(s_tir.Schedule(func), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         infos = block_infos(sch)
         if not infos or not any(b.is_reduction() for b in infos):
             return None
@@ -41,7 +46,7 @@ class ReductionRule(ScheduleRule):
             return None
         if any(b.is_reduction() and is_contraction(sch, b.block_rv) for b in infos):
             return None
-        done, note = schedule_rows(sch, infos, target, host)
+        done, note = schedule_rows(sch, infos, target, host, choose=self.choose)
         return Scheduled(sch, note) if done else None
 
 
@@ -49,13 +54,18 @@ class GemmNormRule(ScheduleRule):
     """One GEMM (+ injective epilogue: bias, residual) whose output feeds row reductions: matmul + bias +
     residual + LayerNorm/RMSNorm in one kernel. The GEMM runs as its own register-blocked stage over all rows
     (``contraction.schedule_gemm_root``), then the norm one row at a time with the row being normalised in
-    UB; a residual sum that is also an output is a stage of its own between them."""
+    UB; a residual sum that is also an output is a stage of its own between them. Tunable: the GEMM's
+    register block is a sampled decision (``contraction.gemm_root_candidates``)."""
 
     name = "matmul+norm"
     min_products = 1
+    tunable = True      # the GEMM's register block: ``tiles`` chooser (base.ScheduleRule)
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        sch = s_tir.Schedule(func)
+        return self.schedule(s_tir.Schedule(func), target, host)
+
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         infos = block_infos(sch)
         if not infos:
             return None
@@ -96,7 +106,9 @@ class GemmNormRule(ScheduleRule):
         for b in chain[:max(0, last_out + 1)]:
             if is_output_block(sch, b.block_rv):
                 tile_injective(sch, b.block_rv, target, host, stage=True)
-        if not schedule_gemm_root(sch, gemm.block_rv, lanes, num_cores(host)):
+        if not schedule_gemm_root(sch, gemm.block_rv, lanes, num_cores(host), choose=self.choose):
+            # (declined before its tile decision) no register block to tune: a space of one point
+            self.choose(sch, "untiled", lambda: ["untiled"])
             # odd output width: no register tile, still reduction-outside loops and parallel rows
             schedule_contraction(sch, gemm.block_rv, lanes)
             loops = sch.get_loops(gemm.block_rv)
@@ -108,11 +120,24 @@ class GemmNormRule(ScheduleRule):
         return Scheduled(sch, rows_note)
 
 
-def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=()) -> tuple[bool, str | None]:
+# Widths of the partial sums a tuner may try, in host vectors (independent accumulators per row).
+PARTIAL_VECTORS = (1, 2, 4)
+
+
+def partial_width_candidates(reductions: list[tuple[int, int]]) -> list[int]:
+    """Vectors of partial sums per row reduction (``reductions``: (extent, vector width) of each vectorised
+    one): 1 (the rule's) first, then each count of PARTIAL_VECTORS whose partials divide every vectorised
+    reduction of the row and leave it two steps at least."""
+    return [k for k in PARTIAL_VECTORS if all(e % (v * k) == 0 and e >= 2 * v * k for e, v in reductions)]
+
+
+def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(), choose=None
+                  ) -> tuple[bool, str | None]:
     """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
     alone) one row at a time. ``also``: names of producer blocks to compute per row too (the row being
     normalised after a GEMM). Returns (done, note): done is False when the stage does not have that shape;
-    the note says when a row does not fit UB."""
+    the note says when a row does not fit UB. ``choose(sch, default, candidates)``: a tunable rule's
+    decision of the partial sums' width (``partial_width_candidates``; see ``base.ScheduleRule.choose``)."""
     kinds = [b.dom_kind() for b in infos]
     if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
         return False, None
@@ -154,7 +179,15 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         if stage_rows:
             try_(sch.set_scope, blk, 0, UB_SCOPE)
 
-    # 2. rfactor the row reductions into lane-wide partials (before compute_at).
+    # 2. rfactor the row reductions into lane-wide partials (before compute_at), ``wide`` vectors of them
+    wide = 1
+    if choose is not None:
+        doms = [[d for d, k in zip(b.dom(), b.dom_kind()) if k == "R"] for b in infos if b.is_reduction()]
+        exts = [math.prod(d) for d in doms if all(isinstance(x, int) for x in d)]
+        vec = [(e, vector_width_for(e, lanes)) for e in exts]
+        vec = [(e, v) for e, v in vec if v >= 4 and e >= 2 * v]
+        static = len(exts) == len(doms)
+        wide = choose(sch, 1, lambda: partial_width_candidates(vec) if static else [1])
     rf_blocks = []
     for info in infos:
         if not info.is_reduction():
@@ -168,7 +201,7 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
             try_(sch.set_scope, blk, 0, UB_SCOPE)
         if ext is None or v < 4 or ext < 2 * v:
             continue
-        _, ki = sch.split(r, [None, v])
+        _, ki = sch.split(r, [None, v * wide])
         rf = try_(sch.rfactor, ki, 0)
         if rf is not None:
             try_(sch.set_scope, rf, 0, UB_SCOPE)

@@ -1,10 +1,12 @@
 """Tunable rules: a built-in rule as a MetaSchedule design space whose tile choice is a sampled decision.
 
-The space of a kernel applies the same rule the schedule phase would (``MatmulRule``, ``Conv2dRule``) to
-MetaSchedule's traced schedule, with its tiles drawn by ``sch.sample_categorical`` over the rule's
-candidates (``matmul.tile_candidates``: register block and K chunk; ``conv_schedule.conv_candidates``:
-register block and blocks of output rows): tiles that fit the target's usable UB (and L1) by the rule's own
-capacity checks, the rule's default first. So every sampled schedule is UB-valid (a postproc re-checks the
+The space of a kernel applies the same rule the schedule phase would (any rule declaring ``tunable``: GEMM,
+conv, grouped/depthwise conv, attention, attention + projection, chained GEMM, GEMM+norm, multi-GEMM,
+reduction, pool) to MetaSchedule's traced schedule, with its tiles drawn by ``sch.sample_categorical`` over
+the rule's candidates (e.g. ``matmul.tile_candidates``: register block and K chunk;
+``conv_schedule.conv_candidates``: register block and blocks of output rows; the row-blocked rules: rows per
+block): tiles that fit the target's usable UB (and L1/L0) by the rule's own capacity checks, the rule's
+default first. So every sampled schedule is UB-valid (a postproc re-checks the
 counted bytes) and the untuned default is one point of the space.
 
 Which rules are tunable comes from the rules themselves (``ScheduleRule.tunable`` and its contract in
@@ -28,6 +30,7 @@ from tvm import s_tir, tirx
 
 from ..errors import AscendFuseError
 from ..target import AscendTarget, get_target
+from .base import Declined, Scheduled
 
 UB_CHECK_SCOPES = ("local.UB", "local.L1", "local.L0A", "local.L0B", "local.L0C")
 
@@ -94,8 +97,12 @@ def apply_tunable(sch: s_tir.Schedule, rule_name: str, target: AscendTarget, hos
     if rule_name not in rules:
         raise AscendFuseError(f"rule '{rule_name}' has no tunable space; tunable rules: {', '.join(rules)}")
     out = rules[rule_name](tiles=chooser).schedule(sch, target, host)
-    if out is None:
-        raise AscendFuseError(f"rule '{rule_name}' declined the kernel under tiles {getattr(chooser, 'last', None)}")
+    if isinstance(out, Scheduled):     # a rule with notes (``apply_with_note``) returns its schedule with one
+        out = out.sch
+    if not isinstance(out, s_tir.Schedule):
+        why = f": {out.reason}" if isinstance(out, Declined) else ""
+        raise AscendFuseError(f"rule '{rule_name}' declined the kernel under tiles "
+                              f"{getattr(chooser, 'last', None)}{why}")
     return out
 
 

@@ -76,15 +76,16 @@ def find_records(target_name: str, cpu: str) -> tuple[Path | None, list[str]]:
     return records_dir(target_name, cpu), notes
 
 
-def tuned_rules(target_name: str, host) -> tuple[list, dict]:
+def tuned_rules(target_name: str, host, prepares=()) -> tuple[list, dict]:
     """The tuned-record rule for this target and host CPU (or none) and what the report's ``tuning`` section
-    says about it (empty when there is nothing to say)."""
+    says about it (empty when there is nothing to say). ``prepares``: the rules' ``prepare`` rewrites (records
+    of such a rule are keyed by the prepared kernel, ``base.ScheduleRule.prepare``)."""
     cpu = host_cpu(host)
     folder, notes = find_records(target_name, cpu)
     if folder is None and not notes:
         return [], {}
     info = {"cpu": cpu, "records": str(folder) if folder is not None else None, "notes": notes}
-    return ([TunedRecordRule(open_database(folder), cpu)] if folder is not None else []), info
+    return ([TunedRecordRule(open_database(folder), cpu, prepares)] if folder is not None else []), info
 
 
 def open_database(folder: str | os.PathLike, allow_missing: bool = False):
@@ -113,12 +114,22 @@ class TunedRecordRule(ScheduleRule):
 
     name = "tuned"
 
-    def __init__(self, database, cpu: str | None = None):
+    def __init__(self, database, cpu: str | None = None, prepares=()):
         self.database = database
         self.cpu = cpu
+        self.prepares = tuple(prepares)
 
     def apply_with_note(self, func, target, host):
         workload = workload_module(func)
+        if not self.database.has_workload(workload):
+            # a rule that rewrites a kernel before scheduling it was tuned on the rewritten kernel
+            for prepare in self.prepares:
+                prepared = workload_module(prepare(func))
+                if self.database.has_workload(prepared):
+                    workload = prepared
+                    break
+            else:
+                return None
         if self.cpu is not None:
             record = self.database.query_tuning_record(workload, target=host, workload_name="main")
             if record is None:
@@ -128,4 +139,16 @@ class TunedRecordRule(ScheduleRule):
                 return Declined(f"the record was tuned for CPU '{tuned_for}', this build is for "
                                 f"'{self.cpu}': not applied")
         sch = self.database.query_schedule(workload, target=host, workload_name="main")
-        return None if sch is None else Scheduled(sch)
+        return None if sch is None else Scheduled(finish_traced(sch))
+
+
+def finish_traced(sch):
+    """A traced schedule as the kernel the rule would have built: the rewrites a trace cannot record (the
+    depthwise rule's register-transposed input copies, ``transpose.rewrite_transposed_stages``) applied to
+    the copies the schedule marked for them. Used on a record's schedule and on every measured candidate."""
+    from tvm import s_tir
+
+    from .transpose import rewrite_transposed_stages
+
+    func, rewritten = rewrite_transposed_stages(sch.mod["main"])
+    return s_tir.Schedule(tvm.IRModule({"main": func})) if rewritten else sch

@@ -32,6 +32,11 @@ class Kernel:
     calls: int = 1             # launches per run of the model (every function equal to this one)
     default: tvm.IRModule | None = None   # the untuned schedule (the rule's; the kernel as is without one)
     static: bool = True        # every parameter has a constant shape (MetaSchedule can only measure those)
+    found: tvm.IRModule | None = None   # the kernel before its rule's ``prepare`` (None: the workload itself)
+
+    def __post_init__(self):
+        if self.found is None:
+            self.found = self.workload
 
     def why_not_tunable(self) -> str:
         if not self.static:
@@ -79,15 +84,19 @@ def extract_kernels(mod: tvm.IRModule, target: AscendTarget | str, host, switche
         if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
             continue
         workload = workload_module(use_fast_math(normalize_scope_aliases(func)))
-        same = next((k for k in kernels if tvm_ffi.structural_equal(workload, k.workload)), None)
+        same = next((k for k in kernels if tvm_ffi.structural_equal(workload, k.found)), None)
         if same is not None:
             same.calls += launches.get(gv.name_hint, 0)
             continue
         scheduled, rule = untuned.schedule_one(gv.name_hint, func, host)[:2]
         static = _static(workload["main"])
+        key = workload
+        prepare = getattr(tunable.get(rule), "prepare", None)
+        if prepare is not None:
+            workload = workload_module(prepare(workload["main"]))   # what the rule schedules (base.py)
         kernels.append(Kernel(source.get(gv.name_hint, gv.name_hint), gv.name_hint, workload, rule,
                               rule in tunable and static, workload_key(workload), launches.get(gv.name_hint, 0),
-                              workload_module(scheduled) if rule is not None else workload, static))
+                              workload_module(scheduled) if rule is not None else workload, static, key))
     return kernels
 
 

@@ -139,15 +139,20 @@ def build_candidate(mod: tvm.IRModule, target, _params=None):
     """Build one measured candidate in MetaSchedule's builder worker.
 
     As MetaSchedule's default build (the weight-packing block removed: the kernel is timed on the packed
-    weight, which the pipeline packs once at compile time), but the kernel is named first (a workload carries
+    weight, which the pipeline packs once at compile time), but with the rewrites no trace records made as
+    an applied record gets them (``schedule.tuned.finish_traced``), the kernel named first (a workload carries
     no ``global_symbol``: the database key omits names, and TVM only exports a named PrimFunc) and without
     importing ``tvm.s_tir.tensor_intrin``, which takes about a minute and only serves tensorized schedules."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    from ..schedule.transpose import rewrite_transposed_stages
+
     funcs = {}
     for gv, func in mod.functions.items():
-        if isinstance(func, tirx.PrimFunc) and (func.attrs is None or "global_symbol" not in func.attrs):
-            func = func.with_attr("global_symbol", gv.name_hint)
+        if isinstance(func, tirx.PrimFunc):
+            func = rewrite_transposed_stages(func)[0]     # what ``tuned.finish_traced`` makes of a record
+            if func.attrs is None or "global_symbol" not in func.attrs:
+                func = func.with_attr("global_symbol", gv.name_hint)
         funcs[gv] = func
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(tvm.IRModule(funcs))
     return tvm.tirx.build(mod, target=target)
