@@ -13,6 +13,7 @@ from tests.schedule.kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.common import num_cores
 from tvm_ascendfuse.schedule.conv import Conv2dRule
+from tvm_ascendfuse.schedule.hostvec import host_vector
 from tvm_ascendfuse.target import get_target
 
 
@@ -184,6 +185,10 @@ PLANE_CASES = {
     "1x1_residual": (((1, 64, 7, 7), (128, 64, 1, 1), (1, 128, 1, 1), (1, 128, 7, 7)), 1, 0, True),
     # a 28x28 plane's accumulator exceeds the budget: pointwise convs take blocks of rows instead
     "1x1_28x28_row_blocks": (((1, 32, 28, 28), (32, 32, 1, 1), (1, 32, 1, 1)), 1, 0, False),
+    # input channels no power of two divides into chunks (MobileNet/EfficientNet widths): chunks of 48, 24, 40
+    "1x1_144_channels": (((1, 144, 28, 28), (32, 144, 1, 1), (1, 32, 1, 1)), 1, 0, False),
+    "1x1_72_channels_residual": (((1, 72, 14, 14), (48, 72, 1, 1), (1, 48, 1, 1), (1, 48, 14, 14)), 1, 0, True),
+    "3x3_120_channels": (((1, 120, 7, 7), (128, 120, 3, 3), (1, 128, 1, 1)), 1, 1, False),
 }
 
 
@@ -263,3 +268,28 @@ def test_input_padded_inside_the_parallel_row_blocks(xs, ws, stride, pad):
     assert extent % (xs[0] * num_cores(NATIVE)) == 0
     old = Conv2dRule(pad_in_task=False).apply(func, NPU, NATIVE).mod.script()
     assert old.count("T.parallel") == 2                                    # the root-level pad region
+
+
+@pytest.mark.parametrize("xs,ws,stride,residual,dtype", [
+    ((1, 16, 14, 14), (24, 16, 1, 1), 1, True, "float32"),
+    ((2, 24, 9, 11), (72, 24, 1, 1), 1, False, "float32"),
+    ((1, 40, 13, 13), (24, 40, 1, 1), 2, False, "float32"),
+    ((1, 8, 10, 10), (24, 8, 3, 3), 2, False, "float32"),
+    ((1, 16, 10, 12), (24, 16, 1, 1), 1, True, "float16"),
+])
+def test_channels_a_multiple_of_8_not_16_are_exact(xs, ws, stride, residual, dtype):
+    """24/72 output channels on an AVX-512 host: register blocks of three 8-lane vectors (packed weights,
+    residual epilogue, strided, batch 2, odd planes, fp16) compute the unscheduled kernel's numbers."""
+    pad = ws[2] // 2
+    oh = (xs[2] + 2 * pad - ws[2]) // stride + 1
+    ow = (xs[3] + 2 * pad - ws[3]) // stride + 1
+
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w, strides=stride, padding=[pad] * 4), b)
+        return op.nn.relu(op.add(y, r[0]) if residual else y)
+
+    shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], oh, ow)] if residual else [])
+    func = fused_kernel(build, shapes, dtype=dtype).with_attr("layout_free_buffers", [1])
+    mod = check_rule(Conv2dRule(), func, host=NATIVE)
+    if ws[2] == 1 and host_vector(NATIVE).lanes(dtype) >= 16:
+        assert "vl=8, ocr=3" in mod.script()

@@ -30,3 +30,20 @@ def test_row_blocks_are_a_multiple_of_the_cores():
     assert _row_blocks(56, 2, lambda rows: rows * 1000 <= 28_000) == 2
     assert _row_blocks(56, 2, lambda rows: rows * 1000 <= 14_000) == 4
     assert _row_blocks(56, 2, lambda rows: False) == 14
+
+
+def test_channels_not_a_multiple_of_the_vector_fill_the_register_block():
+    """OC a multiple of 8, not of 16 (MobileNet/EfficientNet widths): narrower vectors, as many of them as
+    cover the channels of two full vectors, so each broadcast input pixel feeds that many lanes."""
+    npu = get_target("ascend910b")
+    avx512, avx2 = HostVector(512, 32, 2), HostVector(256, 16, 2)
+    for oc, ocb in ((24, 24), (72, 24), (120, 24), (40, 8), (48, 16), (96, 32)):
+        t = choose_conv_tiles(oc, 56, "float32", avx512, npu)
+        assert (t.ocb, oc % t.ocb, t.ocr * t.owr <= avx512.accumulators) == (ocb, 0, True), oc
+    t = choose_conv_tiles(24, 56, "float16", avx512, npu)
+    assert (t.vl, t.ocb) == (8, 24)
+    t = choose_conv_tiles(12, 28, "float32", avx2, npu)
+    assert (t.vl, t.ocb) == (4, 12) and t.ocr * t.owr <= avx2.accumulators
+    # a wide kernel keeps its column-first block (the weight stream, not the broadcasts, limits it)
+    t = choose_conv_tiles(24, 56, "float32", avx512, npu, columns_first=True)
+    assert t.ocb == 8

@@ -121,7 +121,13 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
         owr = next((d for d in range(cap, 0, -1) if ow % d == 0), cap)
         return cap if owr * 2 <= cap else owr
 
-    cands = [(ocr, columns(ocr)) for ocr in (2, 1) if oc >= ocr * vl and oc % (ocr * vl) == 0]
+    counts = (2, 1)
+    if vl < lanes and not columns_first:
+        # OC not a multiple of the host's full vector (24, 72, 120 channels: MobileNet/EfficientNet
+        # widths that are multiples of 8, not 16): narrower vectors, so take as many of them as cover the
+        # channels two full vectors would, each broadcast input pixel then feeds as many lanes
+        counts = (max(r for r in range(1, 2 * lanes // vl + 1) if oc % (r * vl) == 0), 1)
+    cands = [(ocr, columns(ocr)) for ocr in dict.fromkeys(counts) if oc >= ocr * vl and oc % (ocr * vl) == 0]
     if columns_first:
         ocr, owr = max(cands, key=lambda c: (c[1] * 2 >= acc, c[0] * c[1], c[0]))
     else:
@@ -208,7 +214,8 @@ def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles,
     may use a block of output rows instead of the whole plane when the plane's accumulator is too big;
     it then reads the input in place instead of re-laying it out NCHW[vl]c (a full copy per call).
     Sizes: accumulator and the chunk's working set (weights + input rows) each within a quarter of
-    usable UB, chunks of 16..64 channels; the rows are split further only to give every core two tasks.
+    usable UB, chunks of 16..64 channels (a multiple of 8 dividing IC); the rows are split further only to
+    give every core two tasks.
     Measured on this host, one core (ResNet-50 shapes): faster for 3x3 and 1x1 convs on 7x7 and 14x14
     planes and for 1x1 convs on 28x28 (row blocks); neutral for 3x3 on 28x28 and 56x56; slower than the
     NCHW[vl]c input for 1x1 on 56x56 and strided 1x1, and with 8-channel chunks: those keep the
@@ -229,10 +236,10 @@ def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles,
         return None
     in_rows = min(d_shape[2], -(-d_shape[2] * fit // oh) + w_shape[2])
     per_channel = (w_shape[2] * w_shape[3] * t.ocb + in_rows * d_shape[3]) * nbytes
-    chunk = 64
-    while chunk > 16 and (chunk * per_channel > budget or 2 * chunk > ic):
-        chunk //= 2
-    if chunk * per_channel > budget or ic % chunk or ic < 2 * chunk:
+    # the largest multiple of 8 dividing IC (144, 240, 480, 672 channels take 48, not only powers of two)
+    chunk = next((c for c in range(64, 15, -8) if ic % c == 0 and 2 * c <= ic and c * per_channel <= budget),
+                 None)
+    if chunk is None:
         return None
     tasks_per_row = -(-oc // t.ocb)
     row_blocks = max(1, -(-2 * hv.cores // tasks_per_row))
