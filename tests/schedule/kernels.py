@@ -109,3 +109,29 @@ def schedule_gemms(mod, _ctx):
             if sch is not None:
                 mod[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
     return mod
+
+
+def assert_decision_replays(workload, rule: str, host) -> None:
+    """A tunable rule's tile choice is one sampled decision in the trace: the trace replays to the same
+    schedule; the least-drawn chooser gives the rule's default to the first two draws
+    and two other candidates to the next two."""
+    from tvm import s_tir
+    import tvm_ffi
+
+    from tvm_ascendfuse.schedule.tunable import LeastDrawnTiles, apply_tunable, candidate_schedules
+
+    points = candidate_schedules(workload, rule, NPU, host)
+    chooser = LeastDrawnTiles()
+    chooser.allowed = {c for c, _ in points}
+    drawn = []
+    for seed in range(4):
+        sch = s_tir.Schedule(workload, seed=seed + 1)
+        apply_tunable(sch, rule, NPU, host, chooser)
+        drawn.append(chooser.last)
+        decisions = [d for inst, d in sch.trace.decisions.items() if inst.kind.name == "SampleCategorical"]
+        assert len(decisions) == 1 and chooser.candidates[int(decisions[0])] == chooser.last
+        replay = s_tir.Schedule(workload)
+        sch.trace.apply_to_schedule(replay, remove_postproc=False)
+        assert tvm_ffi.structural_equal(replay.mod, sch.mod)
+    assert drawn[:2] == [points[0][0]] * 2 and points[0][0] not in drawn[2:] and len(set(drawn[2:])) == 2
+

@@ -8,14 +8,14 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.relax import op
 
-from tests.schedule.kernels import HOST, NATIVE, fused_kernel
+from tests.schedule.kernels import HOST, NATIVE, assert_decision_replays, fused_kernel
 from tvm_ascendfuse.analysis.verify_ub import VerifyUBCapacity
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.schedule.conv import Conv2dRule
 from tvm_ascendfuse.schedule.conv_schedule import ConvChoice, ConvTiles, conv_candidates
 from tvm_ascendfuse.schedule.fast_math import use_fast_math
 from tvm_ascendfuse.schedule.hostvec import HostVector
-from tvm_ascendfuse.schedule.tunable import LeastDrawnTiles, apply_tunable, candidate_schedules, ub_fits
+from tvm_ascendfuse.schedule.tunable import candidate_schedules, ub_fits
 from tvm_ascendfuse.schedule.tuned import workload_module
 from tvm_ascendfuse.target import get_target, make_target
 from tvm_ascendfuse.tune import extract_kernels
@@ -105,20 +105,7 @@ def test_candidates_respect_the_ub_of_the_target():
 
 def test_sampled_decision_is_in_the_trace_and_replays():
     workload = _w1_small()
-    points = candidate_schedules(workload, "conv2d", NPU, NATIVE)
-    chooser = LeastDrawnTiles()
-    chooser.allowed = {c for c, _ in points}
-    drawn = []
-    for seed in range(4):
-        sch = s_tir.Schedule(workload, seed=seed + 1)
-        apply_tunable(sch, "conv2d", NPU, NATIVE, chooser)
-        drawn.append(chooser.last)
-        decisions = [d for inst, d in sch.trace.decisions.items() if inst.kind.name == "SampleCategorical"]
-        assert len(decisions) == 1 and chooser.candidates[int(decisions[0])] == chooser.last
-        replay = s_tir.Schedule(workload)
-        sch.trace.apply_to_schedule(replay, remove_postproc=False)
-        assert tvm_ffi.structural_equal(replay.mod, sch.mod)
-    assert drawn[:2] == [points[0][0]] * 2 and points[0][0] not in drawn[2:] and len(set(drawn[2:])) == 2
+    assert_decision_replays(workload, "conv2d", NATIVE)
 
 
 def test_a_database_with_the_register_transpose_opens_in_a_fresh_process(tmp_path):

@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import s_tir
 from tvm.relax import op
 
-from tests.schedule.kernels import HOST, NATIVE, NPU, attention_kernel, fused_kernel
+from tests.schedule.kernels import HOST, NATIVE, NPU, assert_decision_replays, attention_kernel, fused_kernel
 from tvm_ascendfuse.analysis.verify_ub import VerifyUBCapacity
 from tvm_ascendfuse.schedule.apply import DEFAULT_RULES
 from tvm_ascendfuse.schedule.base import Scheduled
 from tvm_ascendfuse.schedule.fast_math import use_fast_math
-from tvm_ascendfuse.schedule.tunable import LeastDrawnTiles, apply_tunable, candidate_schedules, tunable_rules, ub_fits
+from tvm_ascendfuse.schedule.tunable import candidate_schedules, tunable_rules, ub_fits
 from tvm_ascendfuse.schedule.tuned import finish_traced, workload_module
 
 
@@ -154,20 +153,7 @@ def test_every_point_fits_and_matches_the_unscheduled_kernel(case):
 def test_sampled_decision_is_in_the_trace_and_replays(case):
     rule, make, host, _ = CASES[case]
     workload = make()
-    points = candidate_schedules(workload, rule, NPU, host)
-    chooser = LeastDrawnTiles()
-    chooser.allowed = {c for c, _ in points}
-    drawn = []
-    for seed in range(4):
-        sch = s_tir.Schedule(workload, seed=seed + 1)
-        apply_tunable(sch, rule, NPU, host, chooser)
-        drawn.append(chooser.last)
-        decisions = [d for inst, d in sch.trace.decisions.items() if inst.kind.name == "SampleCategorical"]
-        assert len(decisions) == 1 and chooser.candidates[int(decisions[0])] == chooser.last
-        replay = s_tir.Schedule(workload)
-        sch.trace.apply_to_schedule(replay, remove_postproc=False)
-        assert tvm_ffi.structural_equal(replay.mod, sch.mod)
-    assert drawn[:2] == [points[0][0]] * 2 and points[0][0] not in drawn[2:] and len(set(drawn[2:])) == 2
+    assert_decision_replays(workload, rule, host)
 
 
 def test_the_tunable_rules():
