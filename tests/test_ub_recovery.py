@@ -125,3 +125,31 @@ def test_group_that_lost_its_rule_is_split_back():
     rules = {tuple(k["ops"]): k["rule"] for k in report.kernels}
     assert rules == {("matmul",): "fallback", ("multiply", "tir_tanh"): "elementwise"}
     _check(mod, ex)
+
+
+def test_convnext_block_needs_no_recovery(monkeypatch):
+    """A ConvNeXt stage with its LayerNorm-over-channels downsampling (transpose -> norm -> transpose back,
+    grouped with the layer-scale and residual ops and the last linear layer before them), on a UB too small
+    for any of its tensors: the groups the grouping makes are scheduled within UB by their own rules, so
+    nothing is recovered (no split group, no fallback kernel) and the schedule phase runs once."""
+    from tests.helpers import assert_same_numbers, assert_scheduled_within_capacity
+    from tvm_ascendfuse.frontend import import_onnx
+    from tvm_ascendfuse.schedule import apply
+    from tvm_ascendfuse.workloads.cnn_blocks import convnext_block
+
+    runs = []
+    original = apply.ScheduleKernels.transform_module
+    monkeypatch.setattr(apply.ScheduleKernels, "transform_module",
+                        lambda self, mod: runs.append(1) or original(self, mod))
+    small = dataclasses.replace(NPU, ub_reserved_bytes=NPU.ub_bytes - 16384)
+    assert 24 * 14 * 14 * 4 > small.ub_usable
+    result = assert_same_numbers(import_onnx(convnext_block(channels=24, hw=14, depth=1)), target=small)
+    report = result.report
+    assert "ub_overflow_recovered" not in report.sections, report.sections.get("ub_overflow_recovered")
+    rules = [k["rule"] for k in report.kernels]
+    assert "fallback" not in rules and None not in rules, rules
+    # the downsampling norm (its transposes and layer_norm) is in a kernel of the norm rules
+    assert any("layer_norm" in " ".join(k["ops"]) and "transpose" in " ".join(k["ops"])
+               and k["rule"] in ("reduction", "matmul+norm") for k in report.kernels), report.kernels
+    assert len(runs) == 1
+    assert_scheduled_within_capacity(result, small)

@@ -8,7 +8,7 @@ from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.reduction import ReductionRule
 from tvm_ascendfuse.target import get_target
 
-from .kernels import NATIVE, NPU, check_rule, fused_kernel
+from .kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
 
 
 def add_layer_norm(h):
@@ -78,3 +78,80 @@ def test_declines_matmul_and_elementwise():
     rule = ReductionRule()
     assert rule.apply(fused_kernel(lambda a, b: op.matmul(a, b), [(8, 16), (16, 4)]), NPU, None) is None
     assert rule.apply(fused_kernel(lambda a: op.exp(a), [(8, 16)]), NPU, None) is None
+
+
+# ---- LayerNorm over the channels of NCHW (ConvNeXt's downsampling norm): rows reached through transposes ----
+def _small_ub(usable: int):
+    import dataclasses
+
+    return dataclasses.replace(NPU, ub_reserved_bytes=NPU.ub_bytes - usable)
+
+
+def ln_over_channels(c, h, w):
+    """layer-scale multiply + residual add in NCHW, then NCHW -> NHWC, LayerNorm over C, back to NCHW."""
+    def build(x, s, r, g, b):
+        t = op.permute_dims(op.add(op.multiply(s, x), r), [0, 2, 3, 1])
+        return op.permute_dims(op.nn.layer_norm(t, g, b, [-1], epsilon=1e-6), [0, 3, 1, 2])
+    return [(1, c, h, w), (c, 1, 1), (1, c, h, w), (c,), (c,)], build
+
+
+def gemm_ln_over_channels(c, h, w, k):
+    """The same behind the block's last linear layer (NHWC matmul + bias, back to NCHW): matmul+norm."""
+    def build(x, wt, bias, s, r, g, b):
+        t = op.permute_dims(op.add(op.matmul(x, wt), bias), [0, 3, 1, 2])
+        t = op.permute_dims(op.add(op.multiply(s, t), r), [0, 2, 3, 1])
+        return op.permute_dims(op.nn.layer_norm(t, g, b, [-1], epsilon=1e-6), [0, 3, 1, 2])
+    return [(1, h, w, k), (k, c), (c,), (c, 1, 1), (1, c, h, w), (c,), (c,)], build
+
+
+def _grouping_verdict(shapes, build, target):
+    """The cost-based grouping's capacity check of all the ops as one group (what it decides fusion with)."""
+    from tvm import relax
+
+    from tests.grouping.util import build as relax_main, legalize
+    from tvm_ascendfuse.grouping import GroupingConfig
+    from tvm_ascendfuse.grouping.graph import build_graph
+    from tvm_ascendfuse.grouping.model import FusionModel
+
+    mod = legalize(relax_main(shapes, lambda bb, *xs: build(*xs)))
+    func = mod["main"]
+    [block] = [b for b in func.body.blocks if isinstance(b, relax.DataflowBlock)]
+    graph = build_graph(block, func, mod, target, [])
+    model = FusionModel(graph, target, GroupingConfig())
+    members = [n.idx for n in graph.nodes]
+    outs = model.outputs(members, lambda _: None)
+    return model.capacity(members, outs, model.inputs(members))
+
+
+@pytest.mark.parametrize("rule_case", ["reduction", "matmul+norm"])
+def test_ln_over_channels_grouping_and_rule_agree_on_ub(rule_case):
+    """The grouping accepts the group when one row of each buffer fits UB; the rule that takes the kernel
+    then holds blocks of rows (a [C, rows] tile), within UB, though every tensor alone exceeds it: the
+    kernel never needs the overflow recovery (split group, fallback rule). Checked against the unscheduled
+    kernel."""
+    from tvm_ascendfuse.analysis.ub_usage import first_overflow
+    from tvm_ascendfuse.schedule.reduction import GemmNormRule
+
+    target = _small_ub(16384)
+    c, h, w = 24, 14, 14
+    shapes, build = ln_over_channels(c, h, w) if rule_case == "reduction" else gemm_ln_over_channels(c, h, w, 4 * c)
+    assert c * h * w * 4 > target.ub_usable            # untiled, one tensor alone overflows
+    verdict = _grouping_verdict(shapes, build, target)
+    assert verdict.fits, verdict
+    rule = ReductionRule() if rule_case == "reduction" else GemmNormRule()
+    for host in (HOST, NATIVE):
+        mod = check_rule(rule, fused_kernel(build, shapes), host=host, target=target)
+        usage = kernel_usage("k", mod["main"], target)
+        assert first_overflow(usage, target) is None, usage
+        assert 0 < usage.bytes("local.UB") <= target.ub_usable
+        # blocks of rows: the staged tile holds more than one row but fewer than all of them
+        staged = max(a.nbytes for a in usage.allocations if "transpose" in a.name)
+        assert c * 4 < staged < c * h * w * 4, staged
+
+
+def test_ln_over_channels_odd_shapes_and_real_sizes():
+    """Odd channel/plane sizes (blocks of whole plane rows) and ConvNeXt-T's first downsampling norm."""
+    for c, h, w in ((5, 3, 6), (20, 5, 5), (96, 56, 56)):
+        shapes, build = ln_over_channels(c, h, w)
+        mod = check_rule(ReductionRule(), fused_kernel(build, shapes), host=NATIVE)
+        assert kernel_usage("k", mod["main"], NPU).bytes("local.UB") <= NPU.ub_usable

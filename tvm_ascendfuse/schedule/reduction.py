@@ -18,8 +18,8 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import is_contraction, leading_spatial
 from .base import UB_SCOPE, ScheduleRule, Scheduled
-from .common import (block_infos, blocks_under, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
-                     num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
+from .common import (block_infos, blocks_under, buffer_bytes, extent, get_realize, innermost_vector, is_output_block,
+                     largest_divisor, loops_through, num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction, schedule_gemm_root
 from .injective import tile_injective
 from .partial_sums import vectorize_rf
@@ -179,6 +179,17 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         if stage_rows:
             try_(sch.set_scope, blk, 0, UB_SCOPE)
 
+    # rows that reach the last block permuted (LayerNorm over the channels of NCHW: transpose -> norm ->
+    # transpose back): blocks of rows, channels outer (``_strided_rows``), no lane-wide partials
+    red_rows = {tuple(b.dom()[:nrow]) for b in infos if b.is_reduction()}
+    strided = nrow > 0 and len(red_rows) == 1 and tuple(dom[:nrow]) not in red_rows
+    if strided:
+        rows = next(iter(red_rows))
+        if choose is not None:
+            choose(sch, 1, lambda: [1])     # no partial sums to widen: a space of one point
+        return (_strided_rows(sch, infos, staged, also, nrow, rows, row_elems * (out_dtype_bits // 8),
+                              target, host, lanes), note)
+
     # 2. rfactor the row reductions into lane-wide partials (before compute_at), ``wide`` vectors of them
     wide = 1
     if choose is not None:
@@ -235,6 +246,153 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
     for blk in blocks_under(sch, row):
         _vectorise_row_block(sch, blk, rf_names, lanes)
     return True, note
+
+
+def _strided_rows(sch: s_tir.Schedule, infos, staged, also, nrow: int, rows: tuple, row_bytes: int,
+                  target: AscendTarget, host, lanes: int) -> bool:
+    """A row reduction whose rows the last block writes permuted (its loops are not led by the row axes:
+    LayerNorm over the channels of NCHW, ``transpose -> norm -> transpose``), in blocks of rows.
+
+    The last block's loops are reordered rows first; the rows are fused and split into blocks of whole runs
+    of the innermost row axis (a divisor of it, or whole multiples of it: the block is then one contiguous
+    run of the NCHW planes), and every other block is computed per row block. A staged row tensor is laid out
+    channels first (a [C, block] tile), so that each block's statistics are vector sums over the rows of the
+    block along the contiguous axis, and the copies in and out run along it too. On chip a block holds its
+    rows of each staged tensor and the row statistics; the row count is sized from the target, so the
+    kernel stays within capacity whenever one row does (what the grouping's capacity check assumes), where
+    computing the blocks over whole tensors would hold every row. ``row_bytes``: bytes of one row of one
+    tensor. False when the last block's loops do not map onto the rows (the caller declines)."""
+    for info in infos[:-1]:                 # statistics live per row block on chip
+        if info.is_reduction() and not is_output_block(sch, info.block_rv):
+            try_(sch.set_scope, info.block_rv, 0, UB_SCOPE)
+    last_blk = infos[-1].block_rv
+    realize = get_realize(sch, last_blk)
+    block = realize.block
+    loops = sch.get_loops(last_blk)
+    loop_of = {}
+    for iv, val in zip(block.iter_vars, realize.iter_values):
+        for pos, lp in enumerate(loops):
+            if isinstance(val, tirx.Var) and sch.get(lp).loop_var.same_as(val):
+                loop_of[iv.var] = pos
+    mine = {b.name for b in infos[:-1]} | set(also)
+    ours = {sch.get(b).writes[0].source.name for b in root_blocks(sch)
+            if sch.get(b).name_hint in mine and sch.get(b).writes}
+    row_pos = None
+    for region in block.reads:
+        if region.source.name not in ours:
+            continue
+        # unit axes are left out, as in the blocks' normal form (``rows`` has none)
+        axes = [(r.min, int(d)) for r, d in zip(region.region, region.source.shape)
+                if not (isinstance(d, tirx.IntImm) and int(d) == 1)]
+        if len(axes) < nrow or tuple(d for _, d in axes[:nrow]) != tuple(rows):
+            continue
+        pos = [loop_of.get(m) if isinstance(m, tirx.Var) else None for m, _ in axes[:nrow]]
+        if all(p is not None for p in pos) and len(set(pos)) == nrow:
+            row_pos = pos
+            break
+    if row_pos is None or len(loops) != len(block.iter_vars) or any(not isinstance(r, int) for r in rows):
+        return False
+    elem_pos = [p for p in range(len(loops)) if p not in row_pos]
+    elem_elems = math.prod(extent(sch, loops[p]) or 1 for p in elem_pos)
+    # the output's innermost index is the innermost row axis (NCHW's W): that axis goes innermost
+    store = block.writes[0].region if block.writes else []
+    row_inner_var = next(iv.var for iv in block.iter_vars if loop_of.get(iv.var) == row_pos[-1])
+    row_innermost = bool(store) and store[-1].min.same_as(row_inner_var)
+    if not ok(sch.reorder, *[loops[p] for p in row_pos + elem_pos]):
+        return False
+    in_ub = [b for b in staged + [sch.get_sblock(n) for n in also] if _scope(sch, b) == UB_SCOPE]
+    per_row = max(1, len(in_ub)) * row_bytes * (2 if target.double_buffer else 1) + 8 * nrow
+    per_block = _rows_per_block(rows, target.ub_usable // per_row if row_bytes else 1, lanes)
+    row_loops = [loops[p] for p in row_pos]
+    fused = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    outer, ri = sch.split(fused, [None, per_block])
+    producers = [b for b in root_blocks(sch) if sch.get(b).name_hint in mine]
+    for blk in reversed(producers):
+        sch.compute_at(blk, outer, preserve_unit_loops=True)
+    if num_cores(host) > 1 and math.prod(rows) * elem_elems >= MIN_PARALLEL_ELEMENTS:
+        try_(sch.parallel, outer)
+    for blk in producers:
+        _channels_first(sch, blk, nrow, lanes)
+    last_loops = sch.get_loops(last_blk)
+    elems = last_loops[len(last_loops) - len(elem_pos):]
+    if row_innermost and per_block > 1 and elems:
+        ok(sch.reorder, *elems, ri)
+    innermost_vector(sch, last_blk, lanes)
+    return True
+
+
+def _scope(sch: s_tir.Schedule, blk) -> str:
+    writes = sch.get(blk).writes
+    return writes[0].source.scope() if writes else ""
+
+
+def _rows_per_block(rows: tuple, cap: int, lanes: int) -> int:
+    """Rows per block of ``_strided_rows``: whole runs of the innermost row axis only (a divisor of it, or a
+    multiple of it dividing the next axis' runs), so that a block's tile is exact; the largest one that is a
+    multiple of ``lanes`` and at most ``cap``, else the largest at most ``cap``."""
+    inner = rows[-1]
+    cands = [d for d in range(1, inner + 1) if inner % d == 0]
+    if len(rows) > 1:
+        cands += [inner * k for k in range(2, rows[-2] + 1) if rows[-2] % k == 0]
+    fit = [d for d in cands if d <= max(1, cap)] or [1]
+    vec = [d for d in fit if d % lanes == 0]
+    return max(vec) if vec else max(fit)
+
+
+def _channels_first(sch: s_tir.Schedule, blk, nrow: int, lanes: int) -> None:
+    """A block computed per row block (``_strided_rows``): its row loops innermost, fused and vectorised, so
+    that it runs along the rows of the block (contiguous in NCHW); a row tensor it writes is laid out with its
+    row axes last to match; a reduction's init is split off in front of its reduction loop."""
+    stmt = sch.get(blk)
+    ivs = stmt.iter_vars
+    # leading row iterators: the first ``nrow`` non-unit data-parallel ones
+    seen, split_at = 0, None
+    for i, iv in enumerate(ivs):
+        if iv.iter_type != tirx.IterVar.DataPar:
+            break
+        if not (isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) == 1):
+            seen += 1
+        if seen == nrow:
+            split_at = i + 1
+            break
+    if split_at is None:
+        return
+    loops = sch.get_loops(blk)
+    mine = loops[len(loops) - len(ivs):]
+    if len(mine) != len(ivs):
+        return
+    rows, rest = mine[:split_at], mine[split_at:]
+    if rest:
+        buf = stmt.writes[0].source if stmt.writes else None
+        cut = _row_prefix([int(d) if isinstance(d, tirx.IntImm) else 0 for d in buf.shape], nrow) \
+            if buf is not None and stmt.init is None else None
+        if cut is not None and cut < len(buf.shape):
+            order = list(range(cut, len(buf.shape))) + list(range(cut))
+            ok(sch.transform_layout, blk, ("write", 0),
+               tirx.IndexMap.from_func(lambda *idx: [idx[i] for i in order], ndim=len(buf.shape)))
+        if not ok(sch.reorder, *rest, *rows):
+            return
+    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    v = vector_width_for(extent(sch, row), lanes)
+    if v >= 2:
+        inner = sch.split(row, [None, v])[1] if (extent(sch, row) or 0) > v else row
+        ok(sch.vectorize, inner)
+    if stmt.init is not None and rest:
+        # (after vectorising: the update block alone is no reduction block any more)
+        ok(sch.decompose_reduction, blk, rest[0])
+        init = try_(sch.get_sblock, stmt.name_hint + "_init")
+        if init is not None:
+            innermost_vector(sch, init, lanes)
+
+
+def _row_prefix(shape: list[int], nrow: int) -> int | None:
+    """Length of the shortest prefix of ``shape`` holding ``nrow`` non-unit axes (the row axes)."""
+    seen = 0
+    for i, d in enumerate(shape):
+        seen += d != 1
+        if seen == nrow:
+            return i + 1
+    return None
 
 
 def _vectorise_row_block(sch: s_tir.Schedule, blk, rf_names, lanes: int) -> None:
