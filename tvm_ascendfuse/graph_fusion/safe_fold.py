@@ -62,6 +62,91 @@ def has_foldable_call(mod: tvm.IRModule) -> bool:
     return False
 
 
+def constant_bindings(func: relax.Function) -> list:
+    """The dataflow bindings FoldConstant would fold: calls of ops whose arguments are constant(-like),
+    directly or through such bindings, in binding order."""
+    bound, picked, folded = {}, [], set()
+
+    def const_like(e) -> bool:
+        if isinstance(e, relax.Var) and e.__chandle__() in folded:
+            return True
+        if isinstance(e, relax.Tuple):
+            return all(const_like(f) for f in e.fields)
+        return _constant_like(e, bound)
+
+    for block in getattr(func.body, "blocks", []):
+        for b in block.bindings:
+            if not isinstance(b, relax.VarBinding):
+                continue
+            bound[b.var.__chandle__()] = b.value
+            v = b.value
+            if isinstance(block, relax.DataflowBlock) and isinstance(v, relax.Call) \
+                    and not isinstance(v.op, relax.GlobalVar) and all(const_like(a) for a in v.args):
+                picked.append(b)
+                folded.add(b.var.__chandle__())
+    return picked
+
+
+def fold_bindings(func: relax.Function, picked: list) -> relax.Function | None:
+    """``func`` with the ``picked`` bindings (``constant_bindings``) replaced by their folded values.
+
+    FoldConstant legalizes every call of a high-level function just to look at it (seconds on GPT-2, where
+    one ``shape_of`` of a constant folds); here it runs on a function of the constant bindings alone. None
+    when that function cannot be formed (a binding reads a value outside it)."""
+    needed = {b.var.__chandle__() for b in picked}
+    keep = []
+    for block in func.body.blocks:
+        for b in block.bindings:
+            if b.var.__chandle__() in needed or (isinstance(b, relax.VarBinding) and _constant_like(b.value, {})):
+                keep.append(b)
+    inside = {b.var.__chandle__() for b in keep}
+    for b in keep:
+        if any(v.__chandle__() not in inside for v in relax.analysis.free_vars(b.value)):
+            return None
+    bb = relax.BlockBuilder()
+    with bb.function("main", []):
+        with bb.dataflow():
+            for b in keep:
+                bb.emit_normalized(b)
+            out = bb.emit_output(relax.Tuple([b.var for b in picked]))
+        bb.emit_func_output(out)
+    folded = relax.transform.FoldConstant()(bb.get())["main"]
+    values = relax.analysis.get_var2val(folded)
+    result = values.get(folded.body.body) if isinstance(folded.body.body, relax.Var) else folded.body.body
+    if not isinstance(result, relax.Tuple) or len(result.fields) != len(picked):
+        return None
+    plan = {}
+    for b, field in zip(picked, result.fields):
+        value = values.get(field, field) if isinstance(field, relax.Var) else field
+        if not isinstance(value, relax.Var) and _constant_like(value, {}):
+            plan[b.var] = value
+    return _Fold(plan).visit_expr(func) if plan else func
+
+
+@relax.expr_functor.mutator
+class _Fold(relax.PyExprMutator):
+    """Each planned binding gets its folded value; uses of a binding folded to a tensor constant read the
+    constant itself, as FoldConstant leaves them."""
+
+    def __init__(self, plan: dict):
+        super().__init__()
+        self.plan = plan
+        self.inline = {v.__chandle__(): c for v, c in plan.items() if isinstance(c, tvm.ir.GenericConst)}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        new = self.plan.get(binding.var)
+        if new is None:
+            super().visit_var_binding_(binding)
+            return
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, new))
+
+    def visit_dataflow_var_(self, op):
+        return self.inline.get(op.__chandle__()) or super().visit_dataflow_var_(op)
+
+    def visit_var_(self, op):
+        return self.inline.get(op.__chandle__()) or super().visit_var_(op)
+
+
 class SafeFoldConstant(PyPass):
     def pass_name(self) -> str:
         return "AscendSafeFoldConstant"
@@ -70,7 +155,30 @@ class SafeFoldConstant(PyPass):
         if not has_foldable_call(mod):
             return mod
         try:
-            folded = relax.transform.FoldConstant()(mod)
+            folded = self._fold(mod)
         except Exception:  # noqa: BLE001 - an op whose legalizer raises (input shape known only at run time)
             return mod      # is left to LegalizeOps, which reports it (legalize.CheckedLegalizeOps)
         return folded if folded.same_as(mod) or is_well_formed(folded) else mod
+
+    @staticmethod
+    def _fold(mod: tvm.IRModule) -> tvm.IRModule:
+        """FoldConstant's result, computed on the constant bindings of each function alone
+        (``fold_bindings``), or by FoldConstant on the module when those do not form a function."""
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, relax.Function):
+                continue
+            picked = constant_bindings(func)
+            if not picked:
+                continue
+            new = fold_bindings(func, picked)
+            if new is None:
+                return relax.transform.FoldConstant()(mod)
+            if not new.same_as(func):
+                updates[gv] = new
+        if not updates:
+            return mod
+        out = mod.clone()
+        for gv, func in updates.items():
+            out[gv] = func
+        return out
