@@ -63,6 +63,9 @@ def make_const(array: np.ndarray, dtype: str) -> relax.Expr:
     return relax.const(np.ascontiguousarray(np.asarray(array).astype(dtype)), dtype)
 
 
+_LAST_GRAPH: list = []     # the FunctionGraph built last (FunctionGraph.of)
+
+
 class FunctionGraph:
     """Producers and live consumers of every bound variable of one function.
 
@@ -92,6 +95,17 @@ class FunctionGraph:
                 self.users[var].append(binding.var)
         for var in relax.analysis.free_vars(func.body.body):
             self.users[var].append(None)
+
+    @classmethod
+    def of(cls, func: relax.Function) -> "FunctionGraph":
+        """The graph of ``func``, shared with the previous caller asking for the same function object (the
+        graph-fusion passes run one after another over one function; most leave it unchanged, and building
+        the graph walks every binding). Graphs are read-only to their users."""
+        if _LAST_GRAPH and _LAST_GRAPH[0].func.same_as(func):
+            return _LAST_GRAPH[0]
+        graph = cls(func)
+        _LAST_GRAPH[:] = [graph]
+        return graph
 
     # ---- producers ----------------------------------------------------------------------------------
     def value(self, expr):
@@ -139,6 +153,35 @@ class FunctionGraph:
         if out_shape is not None and tuple(res.shape) != out_shape:
             return None
         return res
+
+    def const_shape(self, expr) -> tuple[tuple, str] | None:
+        """(shape, dtype) of what ``const(expr)`` returns, without copying any data (None when it returns
+        None): a pass that needs a large weight's values only for some of its candidates asks this first."""
+        if isinstance(expr, GenericConst):
+            return tuple(int(d) for d in expr.value.shape), str(expr.value.dtype)
+        val = self.value(expr)
+        if isinstance(val, GenericConst):
+            return tuple(int(d) for d in val.value.shape), str(val.value.dtype)
+        name = op_name(val)
+        if name not in _CONST_LAYOUT_OPS:
+            return None
+        src = self.const_shape(val.args[0])
+        if src is None:
+            return None
+        shape, dtype = src
+        out_shape = static_shape(expr)
+        if name == "relax.permute_dims":
+            axes = int_list(val.attrs.axes) if val.attrs.axes is not None else list(range(len(shape)))[::-1]
+            res = tuple(shape[a] for a in axes)
+        elif name == "relax.astype":
+            res, dtype = shape, str(val.attrs.dtype)
+        else:
+            if out_shape is None:
+                return None
+            res = tuple(out_shape)
+        if out_shape is not None and res != tuple(out_shape):
+            return None
+        return res, dtype
 
     def scalar(self, expr) -> float | None:
         """The value of a one-element constant (shape () or all ones), else None."""
@@ -261,7 +304,7 @@ class GraphRewritePass(FusionPass):
     def transform_function(self, func: relax.Function, mod: tvm.IRModule) -> relax.Function:
         current = func
         for _ in range(self.rounds):
-            plan = self._plan(FunctionGraph(current))
+            plan = self._plan(FunctionGraph.of(current))
             if not plan:
                 break
             current = _Apply(plan).visit_expr(current)

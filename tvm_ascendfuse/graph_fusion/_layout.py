@@ -21,7 +21,9 @@ factorisation can only mean "no canonical form", never a different function.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 
 import numpy as np
 from tvm import relax
@@ -232,10 +234,30 @@ class Layout:
         return x
 
 
+# ``express`` results by (source shape, map shape, digest of the map): a model's layers repeat the same
+# chains (every Transformer layer its head split and merge), each a pass over the whole activation.
+_EXPRESSED: OrderedDict = OrderedDict()
+EXPRESSED_KEPT = 512
+
+
 def express(src_shape, m: np.ndarray) -> Layout | None:
     """The canonical chain taking a tensor of ``src_shape`` to the result whose flat source indices are
     ``m`` (see the module docstring), or None."""
     src_shape = tuple(int(d) for d in src_shape)
+    m = np.asarray(m)
+    key = (src_shape, m.shape, m.dtype.str,
+           hashlib.blake2b(np.ascontiguousarray(m).data, digest_size=20).digest())
+    if key in _EXPRESSED:
+        _EXPRESSED.move_to_end(key)
+        return _EXPRESSED[key]
+    layout = _express(src_shape, m)
+    _EXPRESSED[key] = layout
+    if len(_EXPRESSED) > EXPRESSED_KEPT:
+        _EXPRESSED.popitem(last=False)
+    return layout
+
+
+def _express(src_shape: tuple, m: np.ndarray) -> Layout | None:
     flat = m.reshape(-1)
     if flat.size == 0 or flat.size > math.prod(src_shape) or _repeats(flat, math.prod(src_shape)):
         return None                                    # repeats elements (a broadcast): not a layout chain

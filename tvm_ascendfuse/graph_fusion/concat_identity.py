@@ -27,7 +27,7 @@ class ConcatIdentityFusionPass(FusionPass):
     switch_name = NAME
 
     def transform_function(self, func, mod):
-        graph = FunctionGraph(func)
+        graph = FunctionGraph.of(func)
         alias = {}
         for var in graph.order:
             call = graph.call(var, "relax.concat")

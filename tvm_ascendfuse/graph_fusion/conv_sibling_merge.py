@@ -81,7 +81,7 @@ class ConvSiblingMergeFusionPass(FusionPass):
     switch_name = NAME
 
     def transform_function(self, func, mod):
-        graph = FunctionGraph(func)
+        graph = FunctionGraph.of(func)
         merges = self._plan(graph)
         if not merges:
             return func

@@ -57,9 +57,17 @@ _COMBINE = ("relax.multiply", "relax.add", "relax.subtract", "relax.divide", "re
 class Sibling:
     matmul: relax.Var               # the matmul binding
     root: relax.Var                 # the binding that gets the slice (the bias add, or the matmul itself)
-    weight: np.ndarray              # (K, N)
+    weight_shape: tuple             # (K, N)
+    weight_dtype: str
     bias: np.ndarray | None         # (N,) or None
     n: int = 0
+    graph: object = None            # the FunctionGraph that reads the weight when a merge needs its values
+
+    @property
+    def weight(self) -> np.ndarray:
+        """The (K, N) weight's values, read only for siblings that are merged (a model's weights are most
+        of its bytes; most matmuls have no sibling)."""
+        return self.graph.const(self.graph.value(self.matmul).args[1])
 
 
 @dataclass
@@ -90,7 +98,7 @@ class MatMulSiblingMergeFusionPass(FusionPass):
         self.query_apart = query_apart
 
     def transform_function(self, func, mod):
-        graph = FunctionGraph(func)
+        graph = FunctionGraph.of(func)
         self._apart: dict = {}
         merges = [m for m in self._plan(graph)]
         if not merges:
@@ -143,14 +151,14 @@ class MatMulSiblingMergeFusionPass(FusionPass):
         mm = graph.value(var)
         if op_name(mm) != "relax.matmul" or not isinstance(mm.args[0], relax.Var):
             return None
-        w = graph.const(mm.args[1])
+        w = graph.const_shape(mm.args[1])
         out = static_shape(var)
         lhs_dims = static_dims(mm.args[0])
-        if w is None or w.ndim != 2 or out is None or not lhs_dims or lhs_dims[-1] is None:
+        if w is None or len(w[0]) != 2 or out is None or not lhs_dims or lhs_dims[-1] is None:
             return None
-        if len(lhs_dims) < 2 or out[-1] != w.shape[1]:
+        if len(lhs_dims) < 2 or out[-1] != w[0][1]:
             return None
-        sib = Sibling(var, var, w, None, int(w.shape[1]))
+        sib = Sibling(var, var, w[0], w[1], None, int(w[0][1]), graph)
         users = graph.users.get(var, [])
         if len(users) == 1 and users[0] is not None:
             add = graph.value(users[0])
@@ -211,10 +219,10 @@ class MatMulSiblingMergeFusionPass(FusionPass):
 
     @staticmethod
     def _compatible(sibs: list[Sibling], graph: FunctionGraph) -> str | None:
-        ks = {s.weight.shape[0] for s in sibs}
+        ks = {s.weight_shape[0] for s in sibs}
         if len(ks) != 1:
             return f"weights have different K {sorted(ks)}"
-        wdt = {str(s.weight.dtype) for s in sibs}
+        wdt = {s.weight_dtype for s in sibs}
         if len(wdt) != 1:
             return f"weights have different dtypes {sorted(wdt)}"
         odt = {str(s.root.ty.dtype) for s in sibs}

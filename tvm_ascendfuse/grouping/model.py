@@ -34,9 +34,17 @@ class FusionModel:
         self.nodes, self.var_node = graph.nodes, graph.var_node
         self._chains: dict[tuple, Chain | str | None] = {}   # cost, capacity and structure all ask per candidate
         self._dims_cache: dict[int, list] = {}
+        self._inputs: dict[tuple, dict] = {}
 
     def inputs(self, members: list[int]) -> dict:
-        """External inputs: tensor -> (padded bytes, elems, dtype bytes, dense bytes)."""
+        """External inputs: tensor -> (padded bytes, elems, dtype bytes, dense bytes). The queue asks again
+        for every candidate it re-costs; the answer depends on the members only (a copy: callers may edit)."""
+        key = tuple(members)
+        if key not in self._inputs:
+            self._inputs[key] = self._find_inputs(members)
+        return dict(self._inputs[key])
+
+    def _find_inputs(self, members: list[int]) -> dict:
         mset = set(members)
         ins: dict = {}
         for m in members:
