@@ -63,7 +63,22 @@ def _shape_module():
     return bb.get()
 
 
-@pytest.mark.parametrize("build", [_shape_module, lambda: _module(const_expr=True)])
+def _static_shape_module():
+    """ViT's class-token split: a dim of ``shape_of`` an activation whose shape is static, next to a
+    constant sub-expression (which is what makes SafeFoldConstant fold at all)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 5), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            s = bb.emit(op.shape_to_tensor(op.shape_of(op.exp(x))))
+            first = bb.emit(op.take(s, relax.const(0, "int64"), axis=0))
+            scale = bb.emit(op.multiply(relax.const(np.array(2.0, "float32")), relax.const(np.array(3.0, "float32"))))
+            out = bb.emit_output(op.multiply(op.add(x, op.astype(first, "float32")), scale))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("build", [_shape_module, _static_shape_module, lambda: _module(const_expr=True)])
 def test_folding_the_constant_bindings_alone_equals_fold_constant(build):
     """The constant bindings are folded in a function of their own (FoldConstant legalizes every call it
     visits); the result is FoldConstant's on the whole module, constants read in place included."""

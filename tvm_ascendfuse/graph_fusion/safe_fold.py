@@ -81,10 +81,23 @@ def constant_bindings(func: relax.Function) -> list:
             bound[b.var.__chandle__()] = b.value
             v = b.value
             if isinstance(block, relax.DataflowBlock) and isinstance(v, relax.Call) \
-                    and not isinstance(v.op, relax.GlobalVar) and all(const_like(a) for a in v.args):
+                    and not isinstance(v.op, relax.GlobalVar) \
+                    and (all(const_like(a) for a in v.args) or static_shape_of(v) is not None):
                 picked.append(b)
                 folded.add(b.var.__chandle__())
     return picked
+
+
+def static_shape_of(call: relax.Call) -> relax.ShapeExpr | None:
+    """The value of ``shape_of(x)`` when ``x``'s shape is static (FoldConstant folds it, and what is
+    computed from it), else None."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.shape_of" and len(call.args) == 1):
+        return None
+    shape = getattr(call.args[0].ty, "shape", None)
+    dims = getattr(shape, "values", None)
+    if dims is None or not all(isinstance(d, tirx.IntImm) for d in dims):
+        return None
+    return relax.ShapeExpr([int(d) for d in dims])
 
 
 def fold_bindings(func: relax.Function, picked: list) -> relax.Function | None:
@@ -101,13 +114,16 @@ def fold_bindings(func: relax.Function, picked: list) -> relax.Function | None:
                 keep.append(b)
     inside = {b.var.__chandle__() for b in keep}
     for b in keep:
+        if isinstance(b.value, relax.Call) and static_shape_of(b.value) is not None:
+            continue            # becomes its shape in the function below
         if any(v.__chandle__() not in inside for v in relax.analysis.free_vars(b.value)):
             return None
     bb = relax.BlockBuilder()
     with bb.function("main", []):
         with bb.dataflow():
             for b in keep:
-                bb.emit_normalized(b)
+                shape = static_shape_of(b.value) if isinstance(b.value, relax.Call) else None
+                bb.emit_normalized(b if shape is None else relax.VarBinding(b.var, shape))
             out = bb.emit_output(relax.Tuple([b.var for b in picked]))
         bb.emit_func_output(out)
     folded = relax.transform.FoldConstant()(bb.get())["main"]
