@@ -55,6 +55,7 @@ GEMM_ROW_LAYOUT = "GemmRowLayoutFusionPass"
 LAYOUT_CHAIN = "LayoutChainFusionPass"
 ATTENTION_SCALE = "AttentionScaleFusionPass"
 ATTENTION_MASK = "AttentionMaskFusionPass"
+ATTENTION_KEY_PAD = "AttentionKeyPadFusionPass"
 PACKED_QKV = "PackedQkvFusionPass"
 CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
@@ -119,6 +120,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "-> s + where(keep, 0, -inf): the additive mask the attention kernel takes (a constant mask, "
                "causal ones built in the graph included, folds to a constant); the NaN guard "
                "where(isnan(p), 0, p) after softmax(s + mask) dropped when the constant mask keeps a key in every row"),
+    SwitchInfo(ATTENTION_KEY_PAD, GRAPH_FUSION,
+               "an attention over a key count no 4-lane vector divides (ViT's 197) gets K, V and the score rows "
+               "padded to whole 16-lane vectors, the padded keys masked out (exact)"),
     SwitchInfo(PACKED_QKV, GRAPH_FUSION,
                "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
                "sibling merge then merges as it does separate projections"),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..tiling import CapacityCheck, attention_row_block
+from ..tiling import QUERY_ROW_TILE, SCORE_ROW_VECTOR, CapacityCheck, attention_row_block, score_rows_vectorise
 from .chain import Chain, _norm_prologue, _static, reachable
 
 INJECTIVE, REDUCE, OUT_EWISE = 2, 3, 4
@@ -113,6 +113,12 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
         return "attention + projection needs static shapes"
     heads, head_dim, keys = pv_shape[-3], pv_shape[-1], qk_shape[-1]
     n1 = inter_shape[-1]
+    if not score_rows_vectorise(keys):
+        return (f"attention + projection: {keys} keys are no whole number of {SCORE_ROW_VECTOR}-lane vectors "
+                "(the fused kernel's score rows would run scalar; the attention and the projection run faster apart)")
+    if inter_shape[-2] % QUERY_ROW_TILE:
+        return (f"attention + projection: {inter_shape[-2]} query rows are no whole number of {QUERY_ROW_TILE}-row "
+                "register tiles (a short last row block; the attention and the projection run faster apart)")
     if n1 != heads * head_dim:
         return "attention + projection: the attention output's rows are not the heads side by side"
     rows = 1
