@@ -11,9 +11,11 @@ Wo, is streamed once per row block).
 Taken when: the attention is one pattern group (its two products share a lock) whose only output is the
 head-merged rows; the projection reads them as its row operand (``A[i, k]``, ``k`` = head·D + d) and is the
 only reader; the rest of the group follows the projection (bias, residual, at most a row norm) and the group
-has one output; float32, static shapes. A fourth product may come first: the query projection (+ bias),
-feeding Q·Kᵀ's row operand alone through its head split, with at most a row norm in front (recomputed per row
-block); a key/value projection cannot be (every query block reads all keys).
+has one output; float32, static shapes; score rows of whole 8-lane vectors and query rows of whole 8-row
+register tiles (else the fused kernel ran slower than the attention and the projection apart: ViT's 197).
+A fourth product may come first: the query projection (+ bias), feeding Q·Kᵀ's row operand alone through its
+head split, with at most a row norm in front (recomputed per row block); a key/value projection cannot be
+(every query block reads all keys).
 """
 
 from __future__ import annotations
