@@ -13,7 +13,7 @@ from tvm_ascendfuse.graph_fusion import AttentionKeyPadFusionPass
 
 RNG = np.random.default_rng(5)
 C = lambda *s: relax.const(RNG.standard_normal(s).astype("float32") * 0.3)  # noqa: E731
-OFF = {"AttentionKeyPadFusionPass": "off"}
+ON = {"AttentionKeyPadFusionPass": "on"}
 
 
 def vit_attention(seq=37, h=2, d=8, batch=1, mask=None, sk=None, project=True):
@@ -104,8 +104,9 @@ def test_pipeline_attention_kernel_takes_the_pads(seq, batch):
     the attention kernel's operand copies (no kernel of their own), which runs on the attention rule. The
     odd query rows keep the attention apart from its output projection (reported)."""
     mod = vit_attention(seq, batch=batch)
-    on = assert_same_numbers(mod)
-    off = assert_same_numbers(mod, switches=OFF)
+    on = assert_same_numbers(mod, switches=ON)
+    assert on.report.get("AttentionKeyPadFusionPass").effect_times == 1
+    off = assert_same_numbers(mod)                       # off by default
     kernels = lambda r: sum(k["launches"] for k in r.report.kernels)  # noqa: E731
     assert kernels(on) == kernels(off)
     assert "attention" in on.report.sections["schedules"].values()

@@ -17,6 +17,10 @@ Exact: a padded key's score is ``0 + lowest`` (or ``lowest`` twice, -inf), below
 than exp's range, so its probability is exactly 0; a row keeps its n real keys, whose max, sum and
 probabilities are those of the unpadded row; the padded V rows are zeros times zero probability.
 Key counts a 4-lane vector divides (Whisper's 1500) and short rows are left alone.
+
+Off by default (``switches``): through the pipeline, one of Swin-T's window attentions (V's head split behind
+the window partition, V's pad in the attention kernel) came out of the attention rule wrong, though the
+pass alone is exact on that model.
 """
 
 from __future__ import annotations
