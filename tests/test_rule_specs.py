@@ -30,6 +30,8 @@ def test_table_order_is_the_schedule_phase_order():
     ("QEE", False, "grouped-conv2d"), ("QEeME", False, "grouped-conv2d"), ("GEG", True, "chained-matmul"),
     ("GEG", False, "multi-matmul"), ("GERG", True, "attention"), ("GERGLG", True, "attention-projection"),
     ("GER", False, "matmul+norm"), ("ER", False, "reduction"), ("EEL", False, "elementwise"),
+    ("eRG", False, "matmul"), ("LLLeRGE", False, "matmul"), ("eLP", False, "pool"), ("lCEE", False, "conv2d"),
+    ("lQEE", False, "grouped-conv2d"), ("lDEE", False, "fallback"), ("pEEE", False, "fallback"),
     ("eR", False, "fallback"), ("ErR", False, "fallback"), ("O", False, "fallback")])
 def test_prediction_from_kinds(kinds, chained, rule):
     assert predict_rule(GroupShape(kinds, chained)).name == rule
@@ -148,15 +150,76 @@ def test_predicted_rule_is_the_rule_the_schedule_phase_picks(name):
     assert rows and all("predicted_rule" in k for k in rows), rows
     # a rule that raised on a kernel has a bug (recorded under rule_errors, the next rule took the kernel):
     # the table says what the rules take, not where they crash
-    errors = report.sections.get("rule_errors", {})
-    crashed = {k["name"] for k in rows if any(e["rule"] == k["predicted_rule"] for e in errors.get(k["name"], []))}
-    wrong = [(k["name"], k["kinds"], k["predicted_rule"], k.get("rule")) for k in rows
-             if k["predicted_rule"] != k.get("rule") and k["name"] not in crashed]
-    assert not wrong
+    assert not _mispredicted(report)
     assert CASES[name][2] <= {k["rule"] for k in rows}
+
+
+def _mispredicted(report) -> list:
+    """(kernel, kinds, predicted, picked) of every kernel the table gave another rule than the schedule phase.
+    Not counted: a kernel on which the predicted rule raised (a rule bug, recorded under rule_errors) or made
+    a schedule over on-chip capacity that the recovery moved to the next rule (sizes: the table sees kinds)."""
+    errors = report.sections.get("rule_errors", {})
+    over = {(r.get("kernel"), r.get("rule")) for r in report.sections.get("ub_overflow_recovered", [])
+            if r.get("action") == "next_rule"}
+    return [(k["name"], k["kinds"], k["predicted_rule"], k.get("rule")) for k in report.kernels
+            if k["predicted_rule"] != k.get("rule")
+            and not any(e["rule"] == k["predicted_rule"] for e in errors.get(k["name"], []))
+            and (k["name"], k["predicted_rule"]) not in over]
 
 
 def test_the_cases_cover_every_rule():
     seen = set().union(*({k["rule"] for k in _compiled(name).report.kernels} for name in CASES))
     assert {s.name for s in RULE_SPECS} - {"fallback"} <= seen, seen
     assert np.all([k["rule"] != "fallback" for name in CASES for k in _compiled(name).report.kernels])
+
+
+# ---- kernels with a second output (lower case), made by the grouping with the check off ----------------------
+def _concat_into(groups):
+    """concat (also an output) -> conv2d (``groups``) + bias + ReLU."""
+    def body(bb, x, y, w, b):
+        c = bb.emit(op.concat([x, y], axis=1))
+        return relax.Tuple([c, bb.emit(op.nn.relu(op.add(op.nn.conv2d(c, w, padding=1, groups=groups), b)))])
+    return [(1, 8, 10, 10), (1, 8, 10, 10), (16, 16 // groups, 3, 3), (1, 16, 1, 1)], body
+
+
+def _pool_then_affine(bb, x, s, b):
+    p = bb.emit(op.nn.max_pool2d(x, 3, 1, 1))
+    return relax.Tuple([p, bb.emit(op.nn.relu(op.add(op.multiply(p, s), b)))])
+
+
+def _residual_norm_matmul(bb, x, r, gamma, beta, w):
+    a = bb.emit(op.add(x, r))
+    return relax.Tuple([a, bb.emit(op.matmul(op.nn.layer_norm(a, gamma, beta, [-1]), w))])
+
+
+def _relu_concat_pool(bb, x, y):
+    a = bb.emit(op.nn.relu(x))
+    return relax.Tuple([a, bb.emit(op.nn.max_pool2d(op.concat([a, y], axis=1), 3, 1, 1))])
+
+
+def _exp_and_sum(bb, x):
+    a = bb.emit(op.exp(x))
+    return relax.Tuple([a, bb.emit(op.sum(a, axis=[1]))])
+
+
+def _built(shapes, body):
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"p{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shapes, body, kinds", [
+    (*_concat_into(1), "lCEE"), (*_concat_into(4), "lQEE"), (*_concat_into(16), "lDEE"),
+    ([(1, 8, 10, 10), (1, 8, 1, 1), (1, 8, 1, 1)], _pool_then_affine, "pEEE"),
+    ([(16, 64), (16, 64), (64,), (64,), (64, 32)], _residual_norm_matmul, "eRG"),
+    ([(1, 8, 10, 10), (1, 8, 10, 10)], _relu_concat_pool, "eLP"),
+    ([(64, 64)], _exp_and_sum, "eR")])
+def test_second_outputs_are_predicted(shapes, body, kinds):
+    result = assert_same_numbers(_built(shapes, body), switches={"ScheduleRuleCheck": "off"})
+    rows = result.report.kernels
+    assert [k["kinds"] for k in rows] == [kinds]
+    assert not _mispredicted(result.report), rows
