@@ -237,7 +237,7 @@ def express(src_shape, m: np.ndarray) -> Layout | None:
     ``m`` (see the module docstring), or None."""
     src_shape = tuple(int(d) for d in src_shape)
     flat = m.reshape(-1)
-    if flat.size == 0 or len(np.unique(flat)) != flat.size:
+    if flat.size == 0 or flat.size > math.prod(src_shape) or _repeats(flat, math.prod(src_shape)):
         return None                                    # repeats elements (a broadcast): not a layout chain
     # 1. the box of the source the result covers
     coords = np.unravel_index(flat, src_shape)
@@ -299,6 +299,15 @@ def express(src_shape, m: np.ndarray) -> Layout | None:
     if got.shape != m.shape or not np.array_equal(got, m):
         return None
     return layout
+
+
+def _repeats(flat: np.ndarray, size: int) -> bool:
+    """Whether some source index in [0, size) occurs twice in ``flat``. A mark per source element, O(n):
+    ``np.unique`` sorts or hashes, and on a Whisper-sized encoder (1500 x 384 activations, a few dozen
+    chains) that alone was most of the model's compile time."""
+    seen = np.zeros(size, dtype=bool)
+    seen[flat] = True
+    return int(np.count_nonzero(seen)) != flat.size
 
 
 def _factors(line: np.ndarray):
