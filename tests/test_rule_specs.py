@@ -26,7 +26,7 @@ def test_table_order_is_the_schedule_phase_order():
 @pytest.mark.parametrize("kinds, chained, rule", [
     ("G", False, "matmul"), ("GEEeLeLE", False, "matmul"), ("RGE", False, "matmul"), ("CEE", False, "conv2d"),
     ("CEEP", False, "pool"), ("CEeME", False, "pool"), ("MECECE", True, "squeeze-excite"),
-    ("DEE", False, "depthwise-conv2d"), ("DEeME", False, "depthwise-conv2d"), ("DEP", False, "reduction"),
+    ("DEE", False, "depthwise-conv2d"), ("DEeME", False, "depthwise-conv2d"), ("DEP", False, "reduction"), ("DEEER", False, "reduction"),
     ("QEE", False, "grouped-conv2d"), ("QEeME", False, "grouped-conv2d"), ("GEG", True, "chained-matmul"),
     ("GEG", False, "multi-matmul"), ("GERG", True, "attention"), ("GERGLG", True, "attention-projection"),
     ("GER", False, "matmul+norm"), ("ER", False, "reduction"), ("EEL", False, "elementwise"),
@@ -202,6 +202,11 @@ def _exp_and_sum(bb, x):
     return relax.Tuple([a, bb.emit(op.sum(a, axis=[1]))])
 
 
+def _depthwise_silu_channel_mean(bb, x, w, b):
+    y = bb.emit(op.add(op.nn.conv2d(x, w, padding=1, groups=8), b))
+    return bb.emit(op.mean(op.multiply(y, op.sigmoid(y)), axis=[1], keepdims=True))
+
+
 def _built(shapes, body):
     bb = relax.BlockBuilder()
     params = [relax.Var(f"p{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
@@ -217,7 +222,9 @@ def _built(shapes, body):
     ([(1, 8, 10, 10), (1, 8, 1, 1), (1, 8, 1, 1)], _pool_then_affine, "pEEE"),
     ([(16, 64), (16, 64), (64,), (64,), (64, 32)], _residual_norm_matmul, "eRG"),
     ([(1, 8, 10, 10), (1, 8, 10, 10)], _relu_concat_pool, "eLP"),
-    ([(64, 64)], _exp_and_sum, "eR")])
+    ([(64, 64)], _exp_and_sum, "eR"),
+    # (no second output) a depthwise conv and a mean over its channels: the row-reduction rule's
+    ([(1, 8, 10, 10), (8, 1, 3, 3), (1, 8, 1, 1)], _depthwise_silu_channel_mean, "DEER")])
 def test_second_outputs_are_predicted(shapes, body, kinds):
     result = assert_same_numbers(_built(shapes, body), switches={"ScheduleRuleCheck": "off"})
     rows = result.report.kernels

@@ -98,9 +98,9 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
              note="one pool, alone or after one conv2d (whose epilogue may also be an output)"),
     RuleSpec("matmul+norm", r"[EL]*[GCK][EL]*e?[RPM][ELRPM]*", SPECIALISED,
              note="one product whose output feeds row reductions; the sum in front of the norm may be an output"),
-    RuleSpec("reduction", r"[EL]*[DQPM][EL]*|[EL]*[DQ][EL]*[PM][EL]*|[ELR]*R[ELR]*", ROWS,
-             note="row reductions sharing one row space (norms, softmax, sums; or one grouped conv or pool, "
-                  "or a grouped conv and the pool of its plane)"),
+    RuleSpec("reduction", r"[ELRDQPM]*[RDQPM][ELRDQPM]*", ROWS,
+             note="reductions that are not products, sharing one row space, one output (norms, softmax, sums; "
+                  "a grouped or depthwise conv, a pool, and what reduces their output)"),
     RuleSpec("elementwise", r"[ELel]*[EL]", STREAMING, note="injective chains, any number of outputs"),
     RuleSpec("fallback", r".*", GENERIC, note="anything: parallel outer loops, vectorised inner loop"),
 )
