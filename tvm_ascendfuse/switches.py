@@ -74,6 +74,7 @@ TBE_SQUEEZE_EXCITE = "TbeSqueezeExciteFusionPass"
 # UB fusion: the cost-based grouping (grouping/) and what it may put into one kernel
 CHAINED_GEMM = "ChainedGemmFusionPass"
 CHAINED_GEMM_HOST = "ChainedGemmHostCost"
+SCHEDULE_RULE_CHECK = "ScheduleRuleCheck"
 ATTENTION_PROJECTION = "AttentionProjectionFusionPass"
 COST_BASED_FUSION = "CostBasedFusionPass"
 
@@ -162,6 +163,10 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(CHAINED_GEMM_HOST, UB_FUSION,
                "a chained GEMM must also beat two GEMM kernels on the CPU host the build runs on (weights "
                "re-streamed per row block beyond one per core, partial row blocks); off: the NPU model's answer"),
+    SwitchInfo(SCHEDULE_RULE_CHECK, UB_FUSION,
+               "cost-based grouping refuses a merge whose kernel only the fallback schedule rule would take, or a "
+               "rule that schedules it worse than each of its parts (the rule table of rule_specs.py); off: the "
+               "cost model alone decides"),
     SwitchInfo(ATTENTION_PROJECTION, UB_FUSION,
                "cost-based grouping may merge attention with its output projection (+ residual) and its query "
                "projection (+ norm), per block of query rows"),
