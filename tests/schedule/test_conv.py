@@ -100,9 +100,10 @@ def test_ub_bytes_within_capacity(preset, name):
 
 def test_wide_kernel_register_block_puts_columns_first():
     """A 3x3 conv re-reading its weights per register block takes 1 x 14 (14 columns per weight vector)
-    on a 28-wide output and reads the NCHW input in place; a 1x1 conv keeps 2 x 7. Both exact."""
+    on a 28-wide output and reads the NCHW input in place; a 1x1 conv takes the pointwise block 1 x 7.
+    Both exact."""
     avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
-    for ws, pad, tiles in (((32, 32, 3, 3), 1, "ocr=1, owr=14"), ((32, 32, 1, 1), 0, "ocr=2, owr=7")):
+    for ws, pad, tiles in (((32, 32, 3, 3), 1, "ocr=1, owr=14"), ((32, 32, 1, 1), 0, "ocr=1, owr=7")):
         func = fused_kernel(conv_bias_relu(1, pad), [(1, 32, 28, 28), ws, (1, 32, 1, 1)])
         func = func.with_attr("layout_free_buffers", [1])
         script = Conv2dRule(plane_chunks=False).apply(func, NPU, avx512).mod.script()
@@ -223,6 +224,33 @@ def test_large_planes_keep_the_nchwc_input():
     func = fused_kernel(conv_bias_relu(1, 0), [(1, 128, 56, 56), (32, 128, 1, 1), (1, 32, 1, 1)])
     script = Conv2dRule().apply(func, NPU, NATIVE).mod.script()
     assert "yy_0" not in script and "pad_temp" in script
+
+
+@pytest.mark.parametrize("xs,ws,stride,residual", [
+    ((1, 32, 48, 48), (48, 32, 1, 1), 1, False),     # input staged NCHW[16]c, 8-column blocks
+    ((2, 19, 40, 60), (32, 19, 1, 1), 1, True),      # odd IC read in place, 6-column blocks, batch 2
+    ((1, 16, 56, 58), (96, 16, 1, 1), 1, False),     # 8 columns with a predicated tail
+    ((2, 24, 90, 90), (80, 24, 1, 1), 2, True),      # strided: gathered, then pointwise on 45x45
+    ((1, 16, 48, 48), (40, 16, 1, 1), 1, False),     # 8-lane vectors: the default block
+])
+def test_pointwise_on_large_planes_takes_one_vector_of_channels(xs, ws, stride, residual):
+    """1x1 convs on planes too large for the plane chunks: one vector of output channels x 8 columns on
+    AVX-512 (the store transpose's tile), and the unscheduled kernel's numbers (odd channels, batch 2,
+    strided, widths not a multiple of 8, channels not a multiple of the vector)."""
+    oh, ow = (xs[2] - 1) // stride + 1, (xs[3] - 1) // stride + 1
+
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w, strides=stride), b)
+        return op.nn.relu(op.add(y, r[0]) if residual else y)
+
+    shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], oh, ow)] if residual else [])
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    script = Conv2dRule().apply(func, NPU, avx512).mod.script()
+    owr = next(d for d in range(8, 0, -1) if ow % d == 0)
+    owr = owr if 2 * owr > 8 else 8
+    assert (f"vl=16, ocr=1, owr={owr}" in script) == (ws[0] % 16 == 0), ws
+    check_rule(Conv2dRule(), func, host=NATIVE)
 
 
 @pytest.mark.parametrize("xs,ws,residual", [((1, 32, 14, 14), (64, 32, 1, 1), False),
