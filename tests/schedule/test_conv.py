@@ -182,8 +182,8 @@ PLANE_CASES = {
     # small output planes: input-channel chunks outside the pixel loops, accumulator = a block of rows
     "3x3_7x7": (((1, 32, 7, 7), (128, 32, 3, 3), (1, 128, 1, 1)), 1, 1, False),
     "3x3_s2_to_7x7": (((1, 32, 13, 13), (128, 32, 3, 3), (1, 128, 1, 1)), 2, 1, False),
-    "1x1_row_blocks": (((1, 64, 6, 6), (64, 64, 1, 1), (1, 64, 1, 1)), 1, 0, False),
-    "1x1_residual": (((1, 64, 7, 7), (128, 64, 1, 1), (1, 128, 1, 1), (1, 128, 7, 7)), 1, 0, True),
+    "1x1_row_blocks": (((1, 64, 12, 12), (64, 64, 1, 1), (1, 64, 1, 1)), 1, 0, False),
+    "1x1_residual": (((1, 64, 14, 14), (128, 64, 1, 1), (1, 128, 1, 1), (1, 128, 14, 14)), 1, 0, True),
     # a 28x28 plane's accumulator exceeds the budget: pointwise convs take blocks of rows instead
     "1x1_28x28_row_blocks": (((1, 32, 28, 28), (32, 32, 1, 1), (1, 32, 1, 1)), 1, 0, False),
     # input channels no power of two divides into chunks (MobileNet/EfficientNet widths): chunks of 48, 24, 40
@@ -210,6 +210,26 @@ def test_small_plane_channel_chunks_are_exact(name):
         used = kernel_usage("k", Conv2dRule().apply(func, target, NATIVE).mod["main"], target).bytes("local.UB")
         assert 0 < used <= target.ub_usable // 4     # the accumulator block is sized from the target's UB
     assert "yy_0" not in Conv2dRule(plane_chunks=False).apply(func, NPU, NATIVE).mod.script()
+
+
+@pytest.mark.parametrize("xs,ws,residual", [((1, 160, 7, 7), (96, 160, 1, 1), True),
+                                            ((2, 72, 6, 6), (40, 72, 1, 1), False),
+                                            ((1, 37, 5, 7), (48, 37, 1, 1), False)])
+def test_pointwise_on_a_row_of_one_register_block_is_not_chunked(xs, ws, residual):
+    """A 1x1 conv whose output row is one pointwise register block (7x7 planes on AVX-512) keeps the
+    register-resident reduction over all input channels instead of the plane's channel chunks; exact
+    (residual, batch 2, 8-lane channels, odd input channels); a 3x3 conv on the same plane still chunks."""
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w), b)
+        return op.nn.relu(op.add(y, r[0]) if residual else y)
+
+    shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], xs[2], xs[3])] if residual else [])
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    assert "rc_0" not in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
+    wide = fused_kernel(conv_bias_relu(1, 1), [(1, 32, 7, 7), (128, 32, 3, 3), (1, 128, 1, 1)])
+    assert "rc_0" in Conv2dRule().apply(wide.with_attr("layout_free_buffers", [1]), NPU, avx512).mod.script()
 
 
 def test_plane_chunks_keep_two_tasks_per_core():

@@ -227,11 +227,16 @@ def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles,
     Measured on this host, one core (ResNet-50 shapes): faster for 3x3 and 1x1 convs on 7x7 and 14x14
     planes and for 1x1 convs on 28x28 (row blocks); neutral for 3x3 on 28x28 and 56x56; slower than the
     NCHW[vl]c input for 1x1 on 56x56 and strided 1x1, and with 8-channel chunks: those keep the
-    register-resident reduction."""
+    register-resident reduction. So does a pointwise conv whose output row is one pointwise register block
+    (``choose_conv_tiles(pointwise=True)``, 7 columns on a 7x7 plane): measured 5-30% faster than the
+    chunks with 160..960 input channels, neutral with 512 (one core, interleaved; MobileNet/EfficientNet
+    expansions on 7x7)."""
     w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
     d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
     oc, oh, ow = out_dims
     if ic is None or None in w_shape or None in d_shape or None in (oh, ow, oc):
+        return None
+    if w_shape[2] == w_shape[3] == 1 and ow <= max(1, hv.accumulators // 2):
         return None
     nbytes = dtype_bytes(info.out_dtype)
     budget = target.ub_usable // 4
