@@ -158,6 +158,7 @@ class ConvOptions:
     nchwc_min_ic: int | None = None  # see _wants_nchwc; 0: never re-lay the input out
     nchwc_min_plane: int = 2048
     plane_chunks: bool = True        # small output planes: channel chunks outside the pixel loops (_plane_chunk)
+    chunk_one_block_rows: bool = False  # also a pointwise conv whose output row is one register block
     row_block_max_plane: int = 4096
     subsample_strided: bool = True   # a strided 1x1 conv gathers its input pixels first
     pad_in_task: bool = True         # see _row_blocks
@@ -236,7 +237,7 @@ def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles,
     oc, oh, ow = out_dims
     if ic is None or None in w_shape or None in d_shape or None in (oh, ow, oc):
         return None
-    if w_shape[2] == w_shape[3] == 1 and ow <= max(1, hv.accumulators // 2):
+    if not opts.chunk_one_block_rows and w_shape[2] == w_shape[3] == 1 and ow <= max(1, hv.accumulators // 2):
         return None
     nbytes = dtype_bytes(info.out_dtype)
     budget = target.ub_usable // 4
