@@ -24,7 +24,8 @@ from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
 from .schedule.apply import ScheduleKernels
-from .switches import ATTENTION_PROJECTION, CHAINED_GEMM, CHAINED_GEMM_HOST, COST_BASED_FUSION, resolve_switches
+from .switches import (ATTENTION_PROJECTION, CHAINED_GEMM, CHAINED_GEMM_HOST, COST_BASED_FUSION, SCHEDULE_RULE_CHECK,
+                       resolve_switches)
 from .target import AscendTarget, current_target_from_tvm, get_target
 
 
@@ -71,6 +72,7 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
         config = GroupingConfig(allow_chained_gemm=chained,
                                 allow_attention_projection=switches.is_on(ATTENTION_PROJECTION),
                                 chain_host_cores=_host_cores(tvm_target) if switches.is_on(CHAINED_GEMM_HOST) else 0,
+                                schedulable_only=switches.is_on(SCHEDULE_RULE_CHECK),
                                 forbidden=tuple(forbidden))
         grouping = CostBasedFusionPass(target, report, config)
     else:

@@ -21,6 +21,8 @@ NOT_PROFITABLE = "not_profitable"
 CAP_HIT = "cap_hit"
 CYCLE = "cycle"
 TAKEN_BY_OTHER = "taken_by_other_pattern"
+NO_SCHEDULE = "no_schedule"            # only the fallback rule would schedule the merged kernel
+SLOWER_SCHEDULE = "slower_schedule"    # the merged kernel would get a worse rule than each of its parts
 
 
 @dataclass

@@ -55,6 +55,7 @@ GEMM_ROW_LAYOUT = "GemmRowLayoutFusionPass"
 LAYOUT_CHAIN = "LayoutChainFusionPass"
 ATTENTION_SCALE = "AttentionScaleFusionPass"
 ATTENTION_MASK = "AttentionMaskFusionPass"
+ATTENTION_KEY_PAD = "AttentionKeyPadFusionPass"
 PACKED_QKV = "PackedQkvFusionPass"
 CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
@@ -73,6 +74,7 @@ TBE_SQUEEZE_EXCITE = "TbeSqueezeExciteFusionPass"
 # UB fusion: the cost-based grouping (grouping/) and what it may put into one kernel
 CHAINED_GEMM = "ChainedGemmFusionPass"
 CHAINED_GEMM_HOST = "ChainedGemmHostCost"
+SCHEDULE_RULE_CHECK = "ScheduleRuleCheck"
 ATTENTION_PROJECTION = "AttentionProjectionFusionPass"
 COST_BASED_FUSION = "CostBasedFusionPass"
 
@@ -119,6 +121,11 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "-> s + where(keep, 0, -inf): the additive mask the attention kernel takes (a constant mask, "
                "causal ones built in the graph included, folds to a constant); the NaN guard "
                "where(isnan(p), 0, p) after softmax(s + mask) dropped when the constant mask keeps a key in every row"),
+    SwitchInfo(ATTENTION_KEY_PAD, GRAPH_FUSION,
+               "an attention over a key count no 4-lane vector divides (ViT's 197) gets K, V and the score rows "
+               "padded to whole 16-lane vectors, the padded keys masked out (exact); off by default: on Swin-T "
+               "the attention rule mis-schedules a kernel holding V's pad behind its window partition",
+               default_on=False),
     SwitchInfo(PACKED_QKV, GRAPH_FUSION,
                "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
                "sibling merge then merges as it does separate projections"),
@@ -156,6 +163,10 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(CHAINED_GEMM_HOST, UB_FUSION,
                "a chained GEMM must also beat two GEMM kernels on the CPU host the build runs on (weights "
                "re-streamed per row block beyond one per core, partial row blocks); off: the NPU model's answer"),
+    SwitchInfo(SCHEDULE_RULE_CHECK, UB_FUSION,
+               "cost-based grouping refuses a merge whose kernel only the fallback schedule rule would take, or a "
+               "rule that schedules it worse than each of its parts (the rule table of rule_specs.py); off: the "
+               "cost model alone decides"),
     SwitchInfo(ATTENTION_PROJECTION, UB_FUSION,
                "cost-based grouping may merge attention with its output projection (+ residual) and its query "
                "projection (+ norm), per block of query rows"),

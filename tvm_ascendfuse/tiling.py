@@ -171,6 +171,24 @@ def staged_rows_bytes(rows_per_block: int, staged_row: int, target, dtype_bytes:
     return rows_per_block * target.align_up(staged_row * dtype_bytes, "l1")
 
 
+# The fused attention + projection walks a head's score rows (``keys`` long) as whole vectors of the host's
+# lanes. Key counts no 8-lane vector divides (ViT's 197 = 14x14 patches + the class token, CLIP's 77) left the
+# scores, exponentials and probabilities scalar and the kernel slower than the attention and the two
+# projections apart: the grouping keeps them apart for such counts.
+SCORE_ROW_VECTOR = 8
+
+
+def score_rows_vectorise(keys: int) -> bool:
+    """Whether ``keys``-long score rows are whole ``SCORE_ROW_VECTOR``-lane vectors."""
+    return keys % SCORE_ROW_VECTOR == 0
+
+
+# Its projections walk a block of query rows in register tiles of this many rows; a sequence no such tile
+# divides (ViT's 197 query rows, a prime) leaves a short last block whose row checks sit inside every tile's
+# reduction loop: the fused kernel then ran slower than the attention and the projections apart.
+QUERY_ROW_TILE = 8
+
+
 def attention_row_block(heads: int, head_dim: int, keys: int, n2: int, rows: int, target, dtype_bytes: int = 4,
                         norm_after: bool = False, query_k: int = 0, query_norm: bool = False) -> CapacityCheck:
     """Query rows per block of the fused attention + projection, or the refusal when one row does not fit.

@@ -83,8 +83,22 @@ def test_duplication_taken_when_it_pays():
 
 
 def test_multi_output_and_sibling_merge_one_kernel():
-    fused, report, before, after = check_equivalent(build([(64, 64), (64, 64)], _fanout(2)))
+    def body(bb, x, y):     # add -> exp and add -> relu, both outputs: one streaming kernel with two outputs
+        p = bb.emit(relax.op.add(x, y))
+        return relax.Tuple([bb.emit(relax.op.exp(p)), bb.emit(relax.op.nn.relu(p))])
+    fused, report, before, after = check_equivalent(build([(64, 64), (64, 64)], body))
     assert (before, after) == (3, 1)
+
+
+def test_two_reductions_of_one_sum_stay_apart():
+    # add -> sum and add -> max as one kernel would have two reduction outputs, which only the fallback rule
+    # schedules (the reduction rule places every block at the rows of one output): the add is copied into
+    # each reduction instead (test_schedulable.py); without the rule table the cost model makes one kernel
+    fused, report, before, after = check_equivalent(build([(64, 64), (64, 64)], _fanout(2)))
+    assert (before, after) == (3, 2)
+    _, _, _, after_off = check_equivalent(build([(64, 64), (64, 64)], _fanout(2)),
+                                          config=GroupingConfig(schedulable_only=False))
+    assert after_off == 1
 
 
 def test_cycle_is_refused_and_reported():

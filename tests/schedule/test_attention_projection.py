@@ -282,3 +282,38 @@ def test_chained_gemms_off_keeps_qkv_merged_and_every_kernel_scheduled():
     assert "fallback" not in result.report.sections["schedules"].values(), result.report.sections["schedules"]
     why = [r.get("why", "") for r in result.report.get("CostBasedFusionPass").not_effective]
     assert any("more than one output" in w for w in why), why
+
+
+@pytest.mark.parametrize("s,b", [(13, 1), (37, 2), (37, 1)])
+def test_prime_sequence_gets_blocks_of_several_rows_with_a_short_last_one(s, b):
+    """A prime number of query rows (ViT's 197): blocks of several rows, the last one short, instead of blocks
+    of one row (which transposed the head's whole K panel and streamed both weights per query row); each
+    block stays within one sequence."""
+    h, d = 2, 8
+    n = h * d
+
+    def heads(t):
+        return op.permute_dims(op.reshape(t, (b, s, h, d)), [0, 2, 1, 3])
+
+    def build(qkv, wo, x):
+        q, k, v = (heads(op.strided_slice(qkv, [2], [i * n], [(i + 1) * n])) for i in range(3))
+        o = op.reshape(op.permute_dims(op.matmul(op.nn.softmax(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), -1),
+                                                 v), [0, 2, 1, 3]), (b, s, n))
+        return op.add(op.matmul(o, wo), x)
+
+    small = dataclasses.replace(NPU, l0c_bytes=4 * n * 8)     # at most 8 accumulator rows: several blocks
+    _, note = check_rule(AttentionProjectionRule(), fused_kernel(build, [(b, s, 3 * n), (n, n), (b, s, n)]),
+                         target=small, with_note=True)
+    m = int(note.split("query rows per block ")[1].split(",")[0])
+    assert 1 < m <= 8 and s % m, note
+
+
+def test_query_row_block_choice():
+    from tvm_ascendfuse.schedule.attention_projection import query_row_block, row_block_candidates
+
+    assert query_row_block(128, 32) == 32            # a divisor: whole blocks
+    assert query_row_block(197, 98) == 72            # prime: 3 blocks of 72 rows (whole 8-row tiles), the last 53
+    assert query_row_block(13, 6) == 5               # shorter than a register tile: 3 balanced blocks
+    assert query_row_block(198, 64) == 33            # a divisor at least half the cap
+    cands = row_block_candidates(72, 197, 98)
+    assert cands[0] == 72 and len(cands) == len(set(cands)) <= 12 and all(c <= 98 for c in cands)

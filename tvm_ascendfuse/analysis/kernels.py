@@ -8,6 +8,8 @@ import tvm
 from tvm import relax
 
 from ..ir import is_call_tir
+from ..kinds import op_kind
+from ..rule_specs import GroupShape, group_shape, predict_rule
 
 
 def _is_group(func) -> bool:
@@ -43,13 +45,53 @@ def relax_op_count(mod: tvm.IRModule) -> int:
 
 
 def groups_before_fuse_tir(mod: tvm.IRModule) -> dict[str, dict]:
-    """For each Primitive Relax function: the ops it holds and the pattern that formed it, if any."""
+    """For each Primitive Relax function: the ops it holds, the pattern that formed it, if any, and its shape
+    in the rule table's terms (``rule_specs.GroupShape``: the ops' kinds in program order)."""
     out = {}
     for gv, func in mod.functions.items():
         if _is_group(func):
             ops = [n for n in (_runs(c) for c in _calls(func.body)) if n]
-            out[gv.name_hint] = {"ops": ops, "pattern": str(func.attrs["Composite"]) if "Composite" in func.attrs else None}
+            out[gv.name_hint] = {"ops": ops, "pattern": str(func.attrs["Composite"]) if "Composite" in func.attrs else None,
+                                 "shape": group_function_shape(func, mod)}
     return out
+
+
+def group_function_shape(func, mod: tvm.IRModule) -> GroupShape | None:
+    """The ``GroupShape`` of a Primitive function made of call_tirs (None for any other body): what the
+    schedule phase will see once FuseTIR has made one kernel of it."""
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return None
+    kinds, producers = [], []
+    made: dict = {}                      # var -> positions of the call_tirs whose values it holds
+    for block in body.blocks:
+        for b in block.bindings:
+            v = getattr(b, "value", None)
+            if not is_call_tir(v):
+                # plumbing (a tuple of results, an item of one, a rebinding): holds what its parts hold
+                made[b.var] = set().union(*(made.get(x, set()) for x in _vars_of(v))) if v is not None else set()
+                continue
+            kinds.append(op_kind(_function(mod, v.args[0])))
+            args = v.args[1].fields if isinstance(v.args[1], relax.Tuple) else [v.args[1]]
+            producers.append(set().union(*(made.get(a, set()) for a in args)))
+            made[b.var] = {len(kinds) - 1}
+    if not kinds:
+        return None
+    outputs = set().union(*(made.get(v, set()) for v in _vars_of(body.body)))
+    return group_shape(kinds, producers, outputs)
+
+
+def _function(mod, gv):
+    try:
+        return mod[gv]
+    except (KeyError, ValueError, tvm.error.TVMError):   # not in this module
+        return None
+
+
+def _vars_of(expr) -> list:
+    found = []
+    relax.analysis.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
+    return found
 
 
 def launched_kernels(mod: tvm.IRModule) -> list[str]:
@@ -68,9 +110,16 @@ def launch_count(mod: tvm.IRModule) -> int:
 def kernel_table(mod_after: tvm.IRModule, groups: dict[str, dict]) -> list[dict]:
     """One row per distinct launched kernel with its source ops and launch count."""
     counts = Counter(launched_kernels(mod_after))
+    funcs = {gv.name_hint: f for gv, f in mod_after.functions.items()}
     rows = []
     for name, n in counts.items():
         g = groups.get(name)
-        rows.append({"name": name, "launches": n, "ops": g["ops"] if g else [name],
-                     "pattern": g["pattern"] if g else None, "fused": bool(g) and len(g["ops"]) > 1})
+        row = {"name": name, "launches": n, "ops": g["ops"] if g else [name],
+               "pattern": g["pattern"] if g else None, "fused": bool(g) and len(g["ops"]) > 1}
+        shape = g.get("shape") if g else (GroupShape(op_kind(funcs[name])) if name in funcs else None)
+        if shape is not None:
+            # the rule table's view of the kernel: the rule the schedule phase is expected to pick
+            row["kinds"] = shape.kinds
+            row["predicted_rule"] = predict_rule(shape).name
+        rows.append(row)
     return rows

@@ -34,12 +34,15 @@
    canonical form (slice -> reshape -> permute -> reshape); ``AttentionScaleFusionPass`` moves scales of Q/K
    onto the score; ``PackedQkvFusionPass`` cuts a packed in-projection, now a GEMM read by slices, into one
    GEMM per part.
-10. ``MatMulSiblingMergeFusionPass`` last: it needs canonical ``matmul(x, W_const) + b_const`` siblings
+10. ``MatMulSiblingMergeFusionPass``: it needs canonical ``matmul(x, W_const) + b_const`` siblings
    (after the bias merge and any BN fold) and merges them into one matmul plus slices (Q/K/V).
+11. ``AttentionKeyPadFusionPass`` after it: it pads K and V of an attention over an odd key count (the
+   merge still sees the projections themselves).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
 
+from .attention_key_pad import AttentionKeyPadFusionPass
 from .attention_mask import AttentionMaskFusionPass
 from .attention_op import ScaledDotProductAttentionFusionPass
 from .attention_scale import AttentionScaleFusionPass
@@ -88,6 +91,7 @@ GRAPH_FUSION_PASSES: list = [
     AttentionScaleFusionPass,
     PackedQkvFusionPass,
     MatMulSiblingMergeFusionPass,
+    AttentionKeyPadFusionPass,
 ]
 
 __all__ = ["GRAPH_FUSION_PASSES"] + [cls.__name__ for cls in GRAPH_FUSION_PASSES]

@@ -17,6 +17,8 @@ softmaxed) is left out of the merge when the attention and its output projection
 computes the query rows (+ bias), per block of query rows and head, from the input it reads anyway for the
 residual, or from its own copy of the norm when the shared input is a row norm's output (LLaMA). Q never goes
 to GM; K and V are merged as before (every query block reads all of them).
+Not when the score rows are a key count the grouping keeps apart from the projection
+(``tiling.score_rows_vectorise``): the query would only cost one more launch and a second norm.
 
 Weights must be 2-D constants (also a reshape/transpose chain over one) with the same K and dtype, biases
 constants varying only along the output-feature axis. Refused (recorded, left alone): siblings whose results
@@ -33,6 +35,7 @@ from tvm import relax
 
 from ..report import CHECK_FAILED
 from ..switches import MATMUL_SIBLING_MERGE as NAME
+from ..tiling import score_rows_vectorise
 from ..fusion_pass import FusionPass
 from ._graph import FunctionGraph, static_dims, make_const, op_name, static_shape
 
@@ -186,6 +189,9 @@ class MatMulSiblingMergeFusionPass(FusionPass):
                     continue
                 keys = [t for t in sibs if t is not s and any(call.args[1].same_as(v) for v in reach[id(t)])]
                 if keys and _softmaxed(u, graph):
+                    scores = static_dims(u)
+                    if scores and scores[-1] is not None and not score_rows_vectorise(scores[-1]):
+                        return None      # the grouping keeps this attention and its projection apart
                     return s
         return None
 

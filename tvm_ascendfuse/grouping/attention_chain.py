@@ -11,16 +11,18 @@ Wo, is streamed once per row block).
 Taken when: the attention is one pattern group (its two products share a lock) whose only output is the
 head-merged rows; the projection reads them as its row operand (``A[i, k]``, ``k`` = head·D + d) and is the
 only reader; the rest of the group follows the projection (bias, residual, at most a row norm) and the group
-has one output; float32, static shapes. A fourth product may come first: the query projection (+ bias),
-feeding Q·Kᵀ's row operand alone through its head split, with at most a row norm in front (recomputed per row
-block); a key/value projection cannot be (every query block reads all keys).
+has one output; float32, static shapes; score rows of whole 8-lane vectors and query rows of whole 8-row
+register tiles (else the fused kernel ran slower than the attention and the projection apart: ViT's 197).
+A fourth product may come first: the query projection (+ bias), feeding Q·Kᵀ's row operand alone through its
+head split, with at most a row norm in front (recomputed per row block); a key/value projection cannot be
+(every query block reads all keys).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..tiling import CapacityCheck, attention_row_block
+from ..tiling import QUERY_ROW_TILE, SCORE_ROW_VECTOR, CapacityCheck, attention_row_block, score_rows_vectorise
 from .chain import Chain, _norm_prologue, _static, reachable
 
 INJECTIVE, REDUCE, OUT_EWISE = 2, 3, 4
@@ -113,6 +115,12 @@ def find_attention_chain(nodes, mset: set, cubes: list, var_node) -> AttentionCh
         return "attention + projection needs static shapes"
     heads, head_dim, keys = pv_shape[-3], pv_shape[-1], qk_shape[-1]
     n1 = inter_shape[-1]
+    if not score_rows_vectorise(keys):
+        return (f"attention + projection: {keys} keys are no whole number of {SCORE_ROW_VECTOR}-lane vectors "
+                "(the fused kernel's score rows would run scalar; the attention and the projection run faster apart)")
+    if inter_shape[-2] % QUERY_ROW_TILE:
+        return (f"attention + projection: {inter_shape[-2]} query rows are no whole number of {QUERY_ROW_TILE}-row "
+                "register tiles (a short last row block; the attention and the projection run faster apart)")
     if n1 != heads * head_dim:
         return "attention + projection: the attention output's rows are not the heads side by side"
     rows = 1

@@ -39,6 +39,8 @@ class GroupingConfig:
                                      # also win there (chain.Chain.host_cost). 0: the NPU model alone
     max_sibling_fanout: int = 8      # sibling candidates looked at per shared tensor
     cube_tile_elems: int = 128 * 128  # output elements of one cube tile (fits L0C with fp32 accumulation)
+    # refuse a merge whose kernel no schedule rule would take as well as its parts (rule_specs.py)
+    schedulable_only: bool = True
     # groups whose scheduled kernel exceeded on-chip capacity in an earlier run on the same module:
     # ((block key, member node indices, needed bytes, available bytes), ...); no group may again hold all
     # members of one (pipeline.py)

@@ -100,4 +100,7 @@ class CostBasedFusionPass(PyPass):
         st = section.setdefault("stats", {"merges": 0, "call_tirs": 0, "seconds": 0.0})
         st["merges"] += queue.merges
         st["call_tirs"] += sum(1 for n in graph.nodes if n.call is not None)
+        for reason, refused in queue.schedule_refusals.items():
+            # distinct merges the rule table refused (no_schedule / slower_schedule), by reason
+            st[reason] = st.get(reason, 0) + len(refused)
         return emit_block(block, graph, model, queue, bb, section, target)

@@ -19,6 +19,8 @@ from tvm import relax, tirx
 
 from ..analysis.traffic import ASSUMED_SYMBOLIC_DIM, KernelTraffic, count_primfunc, symbolic_bounds
 from ..ir import dtype_bytes, is_call_tir
+from ..kinds import OPAQUE as OPAQUE_KIND
+from ..kinds import op_kind
 from ..target import AscendTarget
 from .chain import reduces_last_axis, row_operand_positions
 from .conv_prologue import conv_data_position, is_concat
@@ -50,6 +52,7 @@ class Node:
     conv_data: int | None = None                       # arg position of a plain conv2d's data operand
     concat: bool = False                               # a concatenate
     row_norm: bool = False                             # a vector reduction over the last axis only (norm)
+    kind: str = OPAQUE_KIND                            # kinds.op_kind of the PrimFunc (the rule table's letter)
     locked: int | None = None                          # index of the pattern group it came from
     binding: object | None = None                      # the block binding it stands for (None: inside a pattern)
 
@@ -187,6 +190,9 @@ class _Builder:
         if key not in cache:
             cache[key] = count_primfunc(prim, key, bounds)
         n.traffic = cache[key]
+        if ("kind", key) not in cache:
+            cache[("kind", key)] = op_kind(prim)
+        n.kind = cache[("kind", key)]
         n.cube = n.traffic.cube_flops > 0
         if n.cube:
             if ("rowop", key) not in cache:

@@ -9,9 +9,11 @@ the work is proportional to the graph's edges, not quadratic. Ties (gains equal 
 are taken in push order.
 
 A merge is legal when every op is fusable, the structure is one kernel (``FusionModel.structure``), no cap
-(ops, depth, parameters) is hit, one tile fits UB/L0, and the group stays convex (no path leaves it and
-comes back, copies of duplicated producers included). Every decision is a ``Decision``; taken merges and,
-at the end, every candidate left open are recorded in the report with their reason and numbers.
+(ops, depth, parameters) is hit, one tile fits UB/L0, the group stays convex (no path leaves it and
+comes back, copies of duplicated producers included), and a schedule rule takes the merged kernel at least as
+well as it takes the parts (``schedulable``: the rule table of ``rule_specs.py``, asked with the ops' kinds,
+no schedule built). Every decision is a ``Decision``; taken merges and, at the end, every candidate left open
+are recorded in the report with their reason and numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from dataclasses import dataclass, field
 
 from tvm import relax
 
-from ..report import CAP_HIT, CHECK_FAILED, CYCLE, NOT_PROFITABLE, UB_OVERFLOW, FusionReport
+from ..report import (CAP_HIT, CHECK_FAILED, CYCLE, NO_SCHEDULE, NOT_PROFITABLE, SLOWER_SCHEDULE, UB_OVERFLOW,
+                      FusionReport)
+from ..rule_specs import GENERIC, GroupShape, RuleSpec, group_shape, predict_rule
 from ..switches import COST_BASED_FUSION
 from ..target import AscendTarget
 from .chain import Chain
@@ -82,6 +86,8 @@ class FusionQueue:
         self._heap: list = []
         self._seq = itertools.count()        # push order: the tie-break between equal gains
         self._cost_cache: dict = {}          # (gid, version) -> GroupCost
+        self._rule_cache: dict = {}          # (gid, version) -> RuleSpec the group's kernel would get
+        self.schedule_refusals: dict = {}    # reason -> member sets of the merges the rule table refused
         locked = set()
         for pid, pat in enumerate(graph.patterns):
             gid = len(self.nodes) + pid
@@ -151,6 +157,51 @@ class FusionQueue:
             (c, _chk), _, _ = self.group_cost(g.members)
             self._cost_cache[key] = c
         return self._cost_cache[key]
+
+    # ---- which rule a kernel would get (rule_specs.py) -----------------------------------------------------
+    def kernel_outputs(self, members, gids) -> list:
+        """``FusionModel.outputs`` plus the members read by a copy of a duplicated op that is also held by a
+        group other than ``gids``: that copy reads the value from GM, so it leaves this kernel too."""
+        mset = set(members)
+        outs = self.model.outputs(members, self.group_of)
+        elsewhere = {u for u, held in self.copies.items() if u in mset and held - set(gids)}
+        if elsewhere:
+            outs += [m for m in members if m not in outs and elsewhere & set(self.nodes[m].users)]
+        return outs
+
+    def shape_of(self, members, outs) -> GroupShape:
+        """The rule table's view of ``members`` as one kernel whose values ``outs`` leave it."""
+        pos = {m: i for i, m in enumerate(members)}
+        nodes = self.nodes
+        return group_shape([nodes[m].kind for m in members],
+                           [{pos[p] for p in nodes[m].producers if p in pos} for m in members],
+                           {pos[o] for o in outs if o in pos})
+
+    def rule_of(self, g: Group) -> RuleSpec:
+        """The rule the group's kernel would get as it stands."""
+        key = (g.gid, g.version)
+        if key not in self._rule_cache:
+            self._rule_cache[key] = predict_rule(self.shape_of(g.members, self.kernel_outputs(g.members, (g.gid,))))
+        return self._rule_cache[key]
+
+    def schedulable(self, members, gids, parts, detail: dict, copied=()) -> Decision | None:
+        """The refusal of a merge whose kernel a rule would schedule worse than each of its parts, else None:
+        ``no_schedule`` when only the fallback rule would take it, ``slower_schedule`` when a rule ranked below
+        every part's would (``rule_specs``' ranks). A part already on the fallback rule loses nothing by
+        merging; a merge onto a rule as good as one part's is left to the cost model. ``copied``: a producer
+        duplicated into the group (its value then leaves no kernel)."""
+        if not self.cfg.schedulable_only:
+            return None
+        shape = self.shape_of(members, [o for o in self.kernel_outputs(members, gids) if o not in copied])
+        fused = predict_rule(shape)
+        rules = [self.rule_of(g) for g in parts]
+        if fused.rank >= min(r.rank for r in rules):
+            return None
+        reason = NO_SCHEDULE if fused.rank == GENERIC else SLOWER_SCHEDULE
+        self.schedule_refusals.setdefault(reason, set()).add(tuple(members))
+        return Decision.refuse(reason, members, {
+            **detail, "rule_fused": fused.name, "rules_parts": [r.name for r in rules], "kinds_fused": shape.kinds,
+            "kinds_parts": [self.shape_of(g.members, self.kernel_outputs(g.members, (g.gid,))).kinds for g in parts]})
 
     def _fusable(self, gids) -> bool:
         return all(x in self.groups and self.nodes[self.groups[x].members[0]].fusable for x in gids)
@@ -256,6 +307,9 @@ class FusionQueue:
             detail.update(why="intermediate round trip small next to the re-streamed weights",
                           saving_vs_weights=round(saving, 4), limit=cfg.chain_min_saving_vs_weights)
             return Decision.refuse(NOT_PROFITABLE, members, detail)
+        refusal = self.schedulable(members, gids, (a, b), detail)
+        if refusal is not None:
+            return refusal
         return Decision.take(before - after, members, detail)
 
     def duplicable(self, g: Group) -> bool:
@@ -288,6 +342,9 @@ class FusionQueue:
                     "needed_bytes": chk.needed_bytes, "available_bytes": chk.available_bytes, "scope": chk.scope})
             if len(ins) > cfg.max_params:
                 return Decision.refuse(CAP_HIT, members, {"cap": "max_params", "params": len(ins)})
+            refusal = self.schedulable(members, (c,), (cg, g), {"copies": len(cons)}, copied=(p,))
+            if refusal is not None:
+                return refusal
             after += cc.time_us(target)
         detail = {"copies": len(cons), "modeled_us_unfused": round(before, 4),
                   "modeled_us_fused": round(after, 4), "modeled_gain_us": round(before - after, 4)}
@@ -311,6 +368,7 @@ class FusionQueue:
                 self.report.record(COST_BASED_FUSION, True, where=where, kind="duplicate", **decision.detail)
                 for t in touched:
                     self._cost_cache.pop((t.gid, t.version - 1), None)
+                    self._rule_cache.pop((t.gid, t.version - 1), None)
                     self.update_priorities(t)
                 continue
             new = self.merge(self.groups[gids[0]], self.groups[gids[1]], decision)

@@ -64,7 +64,7 @@ VARIANTS = (
 )
 
 
-_LAYOUT_OPS = ("relax.strided_slice", "relax.reshape", "relax.permute_dims")
+_LAYOUT_OPS = ("relax.strided_slice", "relax.reshape", "relax.permute_dims", "relax.nn.pad")
 
 
 def head_split(src):
@@ -75,13 +75,19 @@ def head_split(src):
     return is_op("relax.permute_dims")(heads) | heads | wildcard()
 
 
+def key_padded(x):
+    """``x`` padded along the keys (``AttentionKeyPadFusionPass``): the pad is part of the operand's copy into
+    L1, as the head split is."""
+    return is_op("relax.nn.pad")(x)
+
+
 def _declare_all() -> None:
     for variant, build, priority, description in VARIANTS:
         q, k, v = (head_split(wildcard()) for _ in range(3))
         kt = is_op("relax.permute_dims")(k)
-        qk = is_op("relax.matmul")(q, kt | wildcard())
+        qk = is_op("relax.matmul")(q, key_padded(kt) | kt | wildcard())
         sm = is_op("relax.nn.softmax")(build(qk))
-        pv = is_op("relax.matmul")(sm, v)
+        pv = is_op("relax.matmul")(sm, key_padded(v) | v)
         declare(PatternSpec(name=f"ascendfuse.attention.{variant}", switch=SWITCH, pattern=pv,
                             annotations={"q": q, "kt": kt, "v": v, "qk": qk, "softmax": sm, "pv": pv},
                             checks=CHECKS, working_set=attention_working_set, priority=priority,

@@ -3,32 +3,31 @@
 Read-only facts about blocks and functions: which blocks reduce, which are GEMM-like products, what a GEMM,
 a conv2d or a pooling block looks like (``match_gemm``, ``match_conv2d``, ``match_pool``), the kernel's
 reduction kinds read off the function without a schedule (``reduction_kinds``: the rules' cheap
-pre-checks), and the row norm that may sit in front of a kernel's products. Rules import these and the
+pre-checks), and the row norm that may sit in front of a kernel's products. The block-level recognisers
+themselves live in ``tvm_ascendfuse/kinds.py``, below the grouping pass, which names each op with them (the
+rule table of ``rule_specs.py``); the matchers here add what a schedule needs (loops bound one-to-one to the
+block's iterators, the block handle). Rules import these and the
 shared building blocks (``common``, ``contraction``, ``partial_sums``, ``injective``, ``conv_schedule``);
 no rule imports another.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, sym, tirx
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
+# the block-level recognisers live below the grouping pass, which names each op with them (``kinds.py``);
+# rules import them from here
+from ..kinds import (LOAD, GemmBlock, accumulating_store, conv2d_roles, gemm_roles,  # noqa: F401
+                     grouped_conv2d_roles, is_product_block, pool_window, reduction_kinds, strip_cast, uses_var)
 from .common import root_blocks
-
-LOAD = tvm.ir.expr.TensorLoad
 
 
 # ---- block facts -------------------------------------------------------------------------------------------
-def strip_cast(e):
-    while isinstance(e, tirx.Cast):
-        e = e.value
-    return e
-
-
 def has_reduce(sch: s_tir.Schedule, block) -> bool:
     """Does the block have a reduction (or other non-data-parallel) iterator?"""
     return any(iv.iter_type != tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
@@ -48,21 +47,6 @@ def closure(sch: s_tir.Schedule, start, step) -> set:
                 seen.add(n)
                 stack.append(b)
     return seen
-
-
-def accumulating_store(stmt):
-    """The ``C[...] = C[...] + ...`` store of a reduction block with an init, else None (GEMM/conv matchers)."""
-    body = stmt.body
-    if stmt.init is None or not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
-        return None
-    return body
-
-
-def uses_var(expr, var) -> bool:
-    """Does ``var`` occur in ``expr``?"""
-    found = []
-    tvm_ffi.structural_walk(expr, (tvm.ir.Var, lambda v: found.append(v) if v.same_as(var) else None))
-    return bool(found)
 
 
 def is_cheap(sch, block) -> bool:
@@ -105,37 +89,6 @@ def leading_spatial(kind: str) -> int:
     return len(kind) - len(kind.lstrip("S"))
 
 
-def is_product_block(stmt) -> bool:
-    """A GEMM-like reduction block: two operands indexed by the reduction var, each carrying a spatial var the
-    other lacks (A[i, k] * B[k, j]). Those belong to the matmul/attention rules, not to row reductions."""
-    rvars = {iv.var.name for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-    if not rvars:
-        return False
-    svars = {iv.var.name for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
-    used = []
-    for region in stmt.reads:
-        names = set()
-        for r in region.region:
-            names |= {v.name for v in collect_vars_used_in_prim_expr(r.min)}
-        if names & rvars:
-            used.append(names & svars)
-    return any(a - b and b - a for a in used for b in used)
-
-
-def reduction_kinds(func: tirx.PrimFunc) -> str:
-    """The kernel's reduction blocks in program order, read off the function without building a schedule:
-    ``P`` a product block (``is_product_block``), ``R`` any other reduction. The rules' cheap pre-checks
-    (how many products, what follows the last one, a softmax between two) are string tests on it."""
-    kinds = []
-
-    def visit(block):
-        if any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars):
-            kinds.append("P" if is_product_block(block) else "R")
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
-    return "".join(kinds)
-
-
 def is_contraction(sch: s_tir.Schedule, block) -> bool:
     """``is_product_block`` for a block of a schedule."""
     return is_product_block(sch.get(block))
@@ -150,109 +103,21 @@ def reduction_between_products(func: tirx.PrimFunc) -> bool:
 
 
 # ---- GEMM --------------------------------------------------------------------------------------------------
-def _plain_vars(indices, iters) -> list | None:
-    """Iterator of each index, or None when an index is not a bare block iterator."""
-    out = []
-    for idx in indices:
-        hit = [v for v in iters if isinstance(idx, tirx.Var) and idx.same_as(v)]
-        if not hit:
-            return None
-        out.append(hit[0])
-    return out
-
-
-@dataclass
-class GemmBlock:
-    """Where each GEMM role sits: iterator positions (= loop positions of the block) and buffers."""
-
-    block: object
-    a_buf: object
-    b_buf: object
-    c_buf: object
-    a_read: int                  # index of A in block.reads
-    b_read: int
-    batch: list = field(default_factory=list)
-    m: list = field(default_factory=list)   # outer M iterators first, the tiled one last
-    n: int = -1
-    k: int = -1
-    b_n_axis: int = -1           # axis of B's buffer indexed by the N iterator
-    b_k_axis: int = -1
-
-
 def match_gemm(sch: s_tir.Schedule, block) -> GemmBlock | None:
-    """GemmBlock for a C += A*B block with trivially bound loops, else None."""
+    """GemmBlock for a C += A*B block with trivially bound loops (``kinds.gemm_roles``), else None."""
     stmt = sch.get(block)
-    body = accumulating_store(stmt)
-    if body is None:
-        return None
-    iters = [iv.var for iv in stmt.iter_vars]
-    kinds = [iv.iter_type for iv in stmt.iter_vars]
-    if len(sch.get_loops(block)) != len(iters):
+    if accumulating_store(stmt) is None:
         return None
     loops = sch.get_loops(block)
+    if len(loops) != len(stmt.iter_vars):
+        return None
     realize = sch.get(loops[-1]).body
     if not isinstance(realize, s_tir.SBlockRealize):
         return None
     for lp, val in zip(loops, realize.iter_values):
         if not (isinstance(val, tirx.Var) and val.same_as(sch.get(lp).loop_var)):
             return None
-    val = body.value
-    for acc, prod in ((val.a, val.b), (val.b, val.a)):
-        acc, prod = strip_cast(acc), strip_cast(prod)
-        if not (isinstance(acc, LOAD) and acc.source.same_as(body.buffer)):
-            continue
-        if not isinstance(prod, tirx.Mul):
-            continue
-        x, y = strip_cast(prod.a), strip_cast(prod.b)
-        if not (isinstance(x, LOAD) and isinstance(y, LOAD)):
-            continue
-        cv, xv, yv = (_plain_vars(e.indices, iters) for e in (body, x, y))
-        if cv is None or xv is None or yv is None or not all(a.same_as(b) for a, b in zip(cv, acc.indices)):
-            continue
-        return _classify(stmt, iters, kinds, cv, (x, xv), (y, yv))
-    return None
-
-
-def _classify(stmt, iters, kinds, cv, xa, ya):
-    ids = lambda vs: {id(v) for v in vs}  # noqa: E731
-    c_set = ids(cv)
-    batch, m_x, m_y, k = [], [], [], []
-    (x, xv), (y, yv) = xa, ya
-    x_set, y_set = ids(xv), ids(yv)
-    if len(set(map(id, xv))) != len(xv) or len(set(map(id, yv))) != len(yv):
-        return None                                      # diagonal accesses are not a GEMM
-    for pos, (v, kind) in enumerate(zip(iters, kinds)):
-        key = (id(v) in c_set, id(v) in x_set, id(v) in y_set)
-        if kind == tirx.IterVar.CommReduce and key == (False, True, True):
-            k.append(pos)
-        elif kind == tirx.IterVar.DataPar and key == (True, True, True):
-            batch.append(pos)
-        elif kind == tirx.IterVar.DataPar and key == (True, True, False):
-            m_x.append(pos)
-        elif kind == tirx.IterVar.DataPar and key == (True, False, True):
-            m_y.append(pos)
-        else:
-            return None
-    if len(k) != 1 or not m_x or not m_y:
-        return None
-    # B is the operand with a single free axis (the weight); A may carry several (batch x seq).
-    if len(m_y) == 1:
-        (a, _, m), (b, bv, n) = (x, xv, m_x), (y, yv, m_y[0])
-    elif len(m_x) == 1:
-        (a, _, m), (b, bv, n) = (y, yv, m_y), (x, xv, m_x[0])
-    else:
-        return None
-    if sorted(m) != list(range(min(m), min(m) + len(m))):
-        return None                                      # outer M iterators must be adjacent loops
-    reads = [r.source for r in stmt.reads]
-    a_read = next((i for i, r in enumerate(reads) if r.same_as(a.source)), None)
-    b_read = next((i for i, r in enumerate(reads) if r.same_as(b.source)), None)
-    if a_read is None or b_read is None or a.source.same_as(b.source):
-        return None
-    b_n_axis = next(i for i, v in enumerate(bv) if v.same_as(iters[n]))
-    b_k_axis = next(i for i, v in enumerate(bv) if v.same_as(iters[k[0]]))
-    return GemmBlock(None, a.source, b.source, stmt.writes[0].source, a_read, b_read, batch, m, n, k[0],
-                     b_n_axis, b_k_axis)
+    return gemm_roles(stmt)
 
 
 def find_gemm(sch: s_tir.Schedule):
@@ -307,36 +172,12 @@ def _conv_block_head(sch: s_tir.Schedule, block):
 
 
 def match_conv2d(sch: s_tir.Schedule, block) -> ConvBlock | None:
+    """ConvBlock for an NCHW conv2d block with groups = 1 (``kinds.conv2d_roles``) and trivially bound loops."""
     head = _conv_block_head(sch, block)
     if head is None:
         return None
-    stmt, body, iters = head
-    n, f, y, x, rc, ry, rx = iters
-    same = lambda idx, vs: len(idx) == len(vs) and all(isinstance(i, tirx.Var) and i.same_as(v)
-                                                      for i, v in zip(idx, vs))
-    if not same(body.indices, [n, f, y, x]):
-        return None
-    val = body.value
-    for acc, prod in ((val.a, val.b), (val.b, val.a)):
-        acc, prod = strip_cast(acc), strip_cast(prod)
-        if not (isinstance(acc, LOAD) and acc.source.same_as(body.buffer) and isinstance(prod, tirx.Mul)):
-            continue
-        ops = [strip_cast(prod.a), strip_cast(prod.b)]
-        if not all(isinstance(o, LOAD) for o in ops):
-            continue
-        w = next((o for o in ops if same(o.indices, [f, rc, ry, rx])), None)
-        d = next((o for o in ops if o is not w), None)
-        if w is None or d is None or len(d.indices) != 4:
-            continue
-        if not (same(d.indices[:2], [n, rc])):
-            continue
-        reads = [r.source for r in stmt.reads]
-        di = next((i for i, r in enumerate(reads) if r.same_as(d.source)), None)
-        wi = next((i for i, r in enumerate(reads) if r.same_as(w.source)), None)
-        if di is None or wi is None:
-            continue
-        return ConvBlock(block, di, wi, w.source, str(body.buffer.ty.dtype))
-    return None
+    roles = conv2d_roles(head[0])
+    return ConvBlock(block, *roles) if roles is not None else None
 
 
 # ---- grouped and depthwise conv2d --------------------------------------------------------------------------
@@ -359,82 +200,19 @@ class GroupedConvBlock(ConvBlock):
         return self.in_per_group == 1 and self.out_per_group == 1
 
 
-def _static(dim) -> int | None:
-    return int(dim) if isinstance(dim, tirx.IntImm) else None
-
-
-def _window(index, out_var, red_var) -> tuple[int, int] | None:
-    """(stride, dilation) when ``index`` is ``out_var * stride + red_var * dilation`` (plus a constant)."""
-    coef = sym.detect_linear_equation(index, [out_var, red_var])
-    if len(coef) != 3 or not all(isinstance(c, tirx.IntImm) for c in coef):
-        return None
-    stride, dilation = int(coef[0]), int(coef[1])
-    return (stride, dilation) if stride > 0 and dilation > 0 else None
-
-
 def match_grouped_conv2d(sch: s_tir.Schedule, block) -> GroupedConvBlock | None:
     """GroupedConvBlock for ``C[n, f, y, x] += D[n, f // OCg * ICg + rc, y*s + ry*d, x*s + rx*d] *
-    W[f, rc, ry, rx]`` (casts allowed) with groups > 1, static channel counts and trivially bound loops;
-    None for anything else, a plain conv2d (groups == 1) included. Cheap: reads the block only."""
+    W[f, rc, ry, rx]`` (casts allowed) with groups > 1, static channel counts and trivially bound loops
+    (``kinds.grouped_conv2d_roles``); None for anything else, a plain conv2d (groups == 1) included. Cheap:
+    reads the block only."""
     head = _conv_block_head(sch, block)
     if head is None:
         return None
-    stmt, body, iters = head
-    n, f, y, x, rc, ry, rx = iters
-    same = lambda idx, vs: len(idx) == len(vs) and all(isinstance(i, tirx.Var) and i.same_as(v)  # noqa: E731
-                                                      for i, v in zip(idx, vs))
-    if not same(body.indices, [n, f, y, x]):
+    r = grouped_conv2d_roles(head[0])
+    if r is None:
         return None
-    val = body.value
-    for acc, prod in ((val.a, val.b), (val.b, val.a)):
-        acc, prod = strip_cast(acc), strip_cast(prod)
-        if not (isinstance(acc, LOAD) and acc.source.same_as(body.buffer) and isinstance(prod, tirx.Mul)):
-            continue
-        ops = [strip_cast(prod.a), strip_cast(prod.b)]
-        if not all(isinstance(o, LOAD) for o in ops):
-            continue
-        w = next((o for o in ops if same(o.indices, [f, rc, ry, rx])), None)
-        d = next((o for o in ops if o is not w), None)
-        if w is None or d is None or len(d.indices) != 4 or not same(d.indices[:1], [n]):
-            continue
-        info = _grouping(stmt, d, w, (f, rc), iters)
-        if info is None:
-            continue
-        groups, icg, ocg, kernel = info
-        hw = [_window(d.indices[2], y, ry), _window(d.indices[3], x, rx)]
-        if None in hw:
-            continue
-        reads = [r.source for r in stmt.reads]
-        di = next((i for i, r in enumerate(reads) if r.same_as(d.source)), None)
-        wi = next((i for i, r in enumerate(reads) if r.same_as(w.source)), None)
-        if di is None or wi is None:
-            continue
-        return GroupedConvBlock(block, di, wi, w.source, str(body.buffer.ty.dtype), groups, icg, ocg, kernel,
-                                (hw[0][0], hw[1][0]), (hw[0][1], hw[1][1]))
-    return None
-
-
-def _grouping(stmt, data, weight, fr, iters):
-    """(groups, in/out channels per group, (KH, KW)) when the data's channel index is the grouped one."""
-    f, rc = fr
-    extents = {v.name: _static(iv.dom.extent) for v, iv in zip(iters, stmt.iter_vars)}
-    oc, icg = extents[f.name], extents[rc.name]
-    w_shape = [_static(d) for d in weight.source.ty.shape]
-    in_channels = _static(data.source.ty.shape[1])
-    if None in (oc, icg, in_channels) or None in w_shape or icg < 1 or in_channels % icg:
-        return None
-    groups = in_channels // icg
-    if groups <= 1 or oc % groups or w_shape[0] != oc or w_shape[1] != icg:
-        return None
-    ocg = oc // groups
-    ana = sym.Analyzer()
-    ana.bind(f, tvm.ir.Range(0, oc))
-    ana.bind(rc, tvm.ir.Range(0, icg))
-    dt = str(f.ty.dtype)
-    expected = tirx.floordiv(f, tirx.const(ocg, dt)) * tirx.const(icg, dt) + rc
-    if not ana.can_prove_equal(data.indices[1], expected):
-        return None
-    return groups, icg, ocg, (w_shape[2], w_shape[3])
+    return GroupedConvBlock(block, r.data_read, r.weight_read, r.weight_buf, r.out_dtype, r.groups,
+                            r.in_per_group, r.out_per_group, r.kernel, r.stride, r.dilation)
 
 
 def match_depthwise_conv2d(sch: s_tir.Schedule, block) -> GroupedConvBlock | None:
@@ -454,48 +232,10 @@ class PoolBlock:
     kernel_rows: int      # extent of the reduction iterator on H (the window height, or the plane height)
 
 
-def _combiner(store) -> tirx.PrimExpr | None:
-    """The value combined into ``P[...]`` by ``P = max(P, v)`` / ``min`` / ``P + v``, else None."""
-    val = store.value
-    if not isinstance(val, (tirx.Max, tirx.Min, tirx.Add)):
-        return None
-    for acc, other in ((val.a, val.b), (val.b, val.a)):
-        if isinstance(acc, LOAD) and acc.source.same_as(store.buffer) and all(
-                i.same_as(j) for i, j in zip(acc.indices, store.indices)):
-            return other
-    return None
-
-
 def match_pool(sch: s_tir.Schedule, block) -> PoolBlock | None:
-    stmt = sch.get(block)
-    body = stmt.body
-    if stmt.init is None or not isinstance(body, tirx.BufferStore) or len(body.indices) != 4:
-        return None
-    spatial = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    reduce = [iv for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    if len(spatial) != 4 or len(reduce) != 2 or len(stmt.iter_vars) != 6:
-        return None
-    if not all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(body.indices, spatial)):
-        return None
-    load = _combiner(body)
-    load = strip_cast(load) if load is not None else None
-    if not isinstance(load, LOAD) or len(load.indices) != 4 or len(stmt.reads) != 1:
-        return None
-    n, c = spatial[:2]
-    if not (load.indices[0].same_as(n) and load.indices[1].same_as(c)):
-        return None
-    # one reduction iterator moves along H, the other along W (a window or the whole plane); a reduction
-    # over one axis only (a row: LayerNorm-like) is the reduction rule's
-    h, w = load.indices[2], load.indices[3]
-    rh, rw = reduce
-    if not (uses_var(h, rh.var) and uses_var(w, rw.var) and not uses_var(h, rw.var) and not uses_var(w, rh.var)):
-        return None
-    shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in load.source.ty.shape]
-    if None in shape:
-        return None
-    if not isinstance(rh.dom.extent, tirx.IntImm):
-        return None
-    return PoolBlock(block, load.source, shape[2], shape[3], int(rh.dom.extent))
+    """PoolBlock for a window reduction over the H, W planes of an NCHW tensor (``kinds.pool_window``)."""
+    found = pool_window(sch.get(block))
+    return PoolBlock(block, *found) if found is not None else None
 
 
 # ---- a row norm in front of products -----------------------------------------------------------------------

@@ -21,7 +21,8 @@ starts by normalising its rows once (row sums of squares as vector partial sums,
 After the last head the epilogue (bias, residual) runs on the accumulator rows and they are written out. The
 head-merged attention output never exists in GM (a tuner samples ``m`` among the divisors within the same
 capacity). ``m`` comes from ``tiling.attention_row_block`` (the budget
-the grouping pass checked), cut to a divisor of the rows and to rows / host cores.
+the grouping pass checked), cut to rows / host cores and to a divisor of one sequence's query rows, or, when
+the sequence has no divisor near that (a prime length), to balanced blocks with a short last one (``query_row_block``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,29 @@ from .partial_sums import lane_partials, stage_norm_prologue, vectorize_partial_
 
 
 MAX_CANDIDATES = 12     # row blocks a tuner may try: the default and the largest divisors within capacity
+MICRO_ROWS = 8          # rows of the projections' register tiles (``contraction.micro_tile`` with 2 vectors)
+
+
+def query_row_block(seq: int, cap: int, micro: int = MICRO_ROWS) -> int:
+    """Query rows per block for a sequence of ``seq`` rows, at most ``cap``: the largest divisor of ``seq`` when
+    it is at least half of ``cap``; else (197 = ViT's 14x14 patches + 1 is prime: blocks of one row transposed
+    the head's whole K panel and streamed both weights once per query row) the sequence cut into
+    ``ceil(seq / cap)`` blocks of equal rows rounded up to whole register tiles, the last one short."""
+    cap = max(1, min(cap, seq))
+    m = largest_divisor(seq, cap)
+    if 2 * m >= cap:
+        return m
+    blocks = -(-seq // cap)
+    m = -(-seq // blocks)
+    return min(cap, -(-m // micro) * micro) if cap >= micro else m
+
+
+def row_block_candidates(default: int, seq: int, cap: int) -> list[int]:
+    """The row blocks a tuner may try: the default, then the divisors of ``seq`` and the multiples of
+    ``MICRO_ROWS`` within ``cap`` (largest first), MAX_CANDIDATES in all."""
+    others = sorted({r for r in range(1, cap + 1) if seq % r == 0 or r % MICRO_ROWS == 0} - {default},
+                    reverse=True)
+    return [default] + others[:MAX_CANDIDATES - 1]
 
 
 class AttentionProjectionRule(ScheduleRule):
@@ -177,12 +201,10 @@ class AttentionProjectionRule(ScheduleRule):
         if not check.fits:
             return None             # one query row does not fit (the grouping pass refuses such a group)
         cores = num_cores(host)
-        # a divisor of one sequence's query rows, so that no row block straddles two batch entries (it would
-        # compute the attention stages of both)
-        m = largest_divisor(rows_dom[-3], min(check.tile_elems, max(1, rows // max(1, cores))))
         seq = rows_dom[-3]
-        m = self.choose(sch, m, lambda: [m] + [r for r in range(1, min(seq, check.tile_elems) + 1)
-                                               if seq % r == 0 and r != m][-(MAX_CANDIDATES - 1):])
+        cap = min(check.tile_elems, max(1, rows // max(1, cores)))
+        m = query_row_block(seq, cap, MICRO_ROWS)
+        m = self.choose(sch, m, lambda: row_block_candidates(m, seq, min(seq, check.tile_elems)))
 
         rf_names = lane_partials(sch, order[at[qk] + 1:at[pv]], lanes)      # the softmax's max and sum
 
@@ -203,8 +225,11 @@ class AttentionProjectionRule(ScheduleRule):
         loops = sch.get_loops(get(out))
         if math.prod(extent(sch, l) or 0 for l in loops[:-1]) != rows:
             return None
-        row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-        rb, _ = sch.split(row, [None, m])
+        # the block's rows cut from one sequence's query rows (a block never straddles two batch entries: it
+        # would compute the attention stages of both); the last block of a sequence is short when m does not
+        # divide it (the producers computed under the block loop then carry the same bound)
+        so, _ = sch.split(loops[-2], [None, m])
+        rb = sch.fuse(*loops[:-2], so) if len(loops) > 2 else so
         for b in reversed([b for b in root_blocks(sch) if block_name(sch, b) != out]):
             if PREPROC_ANNOTATION in sch.get(b).annotations:
                 continue                      # the weight re-layout stays at the root (packed at compile time)

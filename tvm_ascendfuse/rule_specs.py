@@ -1,0 +1,144 @@
+"""What each schedule rule takes, declared as data, and which rule a (candidate) kernel would get.
+
+The grouping pass merges what the NPU cost model likes; a merge is only worth making if a schedule rule
+then takes the merged kernel at least as well as the parts (XLA's priority fusion asks its emitter the same
+question; Inductor checks that a template exists). The grouping sits below the rules and must not import
+them, so each rule declares here, in one ``RuleSpec``, the kernels it schedules, in the vocabulary of
+``kinds.py``: a regular expression over the kernel's *kind string* (one letter per op in program order, e.g.
+``"CEEP"`` for conv + bias + ReLU + max-pool) plus, for kernels with several products, whether those feed one
+another (``chained``). ``predict_rule`` walks the table in the schedule phase's order and returns the first
+spec that accepts: the rule the schedule phase will pick, without building a schedule.
+
+A declaration must say no to what its rule declines (a group the grouping then makes would land on a worse
+rule). ``tests/test_rule_specs.py`` compiles the workloads and a set of small graphs and asserts that the
+predicted rule is the one the schedule phase picked for every kernel; the order of ``RULE_SPECS`` must be
+``schedule/apply.py``'s ``DEFAULT_RULES`` order (also tested). What the table cannot see (symbolic extents,
+dtypes, a schedule over on-chip capacity that the recovery moves to the next rule) is left to the schedule
+phase, which still decides.
+
+Ranks: how well a rule schedules what it takes. ``SPECIALISED`` rules tile a kernel's products, convs or
+pools on chip; ``ROWS`` keeps rows of reductions in UB; ``STREAMING`` tiles injective chains; ``GENERIC``
+(the fallback) only parallelises and vectorises loops. A merge whose kernel would rank below every part's
+is refused (``no_schedule`` when the merged kernel would fall to the fallback rule, ``slower_schedule``
+otherwise).
+
+Adding a rule = one ``RuleSpec`` entry at the rule's position in ``DEFAULT_RULES``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .kinds import CONV, GEMM, MULTI_PRODUCT, PRODUCT
+
+GENERIC, STREAMING, ROWS, SPECIALISED = 0, 1, 2, 3
+
+# kinds that count as products when asking whether a kernel's products feed one another (what the rules'
+# ``is_product_block`` sees: a grouped or depthwise conv is not one)
+PRODUCT_KINDS = frozenset(CONV + GEMM + PRODUCT + MULTI_PRODUCT)
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What the rule table needs to know about a kernel: its ops' kinds in program order, and whether one of
+    its products (transitively) reads another's result. An op other than the last whose value also leaves
+    the kernel (a second output: a residual sum that is also normalised, a conv's activation that an SE
+    block's mean also reads) is written in lower case: most rules place every block relative to one output
+    and decline those."""
+
+    kinds: str
+    chained: bool = False
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """One rule's declaration. ``takes``: a regular expression the whole kind string must match;
+    ``chained``: True = the products must feed one another, False = they must not, None = either."""
+
+    name: str
+    takes: str
+    rank: int
+    chained: bool | None = None
+    note: str = ""
+    _regex: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_regex", re.compile(self.takes))
+
+    def accepts(self, shape: GroupShape) -> bool:
+        if self.chained is not None and shape.chained != self.chained:
+            return False
+        return self._regex.fullmatch(shape.kinds) is not None
+
+
+# In DEFAULT_RULES order (schedule/apply.py). Letters: kinds.py; [EL] injective ops; lower case: an op whose
+# value is also an output of the kernel (only where the rule handles a second output).
+RULE_SPECS: tuple[RuleSpec, ...] = (
+    RuleSpec("squeeze-excite", r"[EL]*M[EL]*[CG][EL]*[CG][EL]*", SPECIALISED,
+             note="whole-plane mean -> FC (1x1 conv or matmul) -> activation -> FC -> gate"),
+    RuleSpec("attention-projection", r"[ELR]*(G[EL]*)?(T|G[EL]*R[ELR]*G)[EL]*G[ELR]*", SPECIALISED, chained=True,
+             note="attention with its output projection (and query projection, norms) per block of query rows"),
+    RuleSpec("attention", r"[EL]*(T|G[EL]*R[ELR]*G)[EL]*", SPECIALISED, chained=True,
+             note="two products with a row softmax between them"),
+    RuleSpec("chained-matmul", r"[EL]*(R[EL]*)?G(E*G)?E*G[EL]*(R[EL]*)?", SPECIALISED, chained=True,
+             note="first product(s) -> elementwise -> second product (+ injective, + row norm), per row block"),
+    RuleSpec("multi-matmul", r"[EL]*G[EL]*(G[EL]*)+", SPECIALISED, chained=False,
+             note="independent products combined elementwise (SwiGLU)"),
+    RuleSpec("matmul", r"[ELRel]*G[ELel]*", SPECIALISED,
+             note="one GEMM, injective or row-norm prologue, injective epilogue (with several outputs: the "
+                  "slices of a merged sibling projection)"),
+    RuleSpec("conv2d", r"[ELel]*C[ELel]*", SPECIALISED, note="one conv2d (groups=1), injective prologue/epilogue"),
+    RuleSpec("grouped-conv2d", r"[ELel]*Q([ELel]*|[ELel]*[el]M[EL]*)", SPECIALISED,
+             note="one grouped conv2d + injective epilogue, and the global pool of its output (an SE's mean)"),
+    RuleSpec("depthwise-conv2d", r"[EL]*D([EL]*|[EL]*[el]M[EL]*)", SPECIALISED,
+             note="one depthwise conv2d + per-tile epilogue, and the global pool of its output (an SE's mean)"),
+    RuleSpec("pool", r"[ELel]*(C[ELel]*)?[PM][EL]*", SPECIALISED,
+             note="one pool, alone or after one conv2d (whose epilogue may also be an output)"),
+    RuleSpec("matmul+norm", r"[EL]*[GCK][EL]*e?[RPM][ELRPM]*", SPECIALISED,
+             note="one product whose output feeds row reductions; the sum in front of the norm may be an output"),
+    RuleSpec("reduction", r"[ELRDQPM]*[RDQPM][ELRDQPM]*", ROWS,
+             note="reductions that are not products, sharing one row space, one output (norms, softmax, sums; "
+                  "a grouped or depthwise conv, a pool, and what reduces their output)"),
+    RuleSpec("elementwise", r"[ELel]*[EL]", STREAMING, note="injective chains, any number of outputs"),
+    RuleSpec("fallback", r".*", GENERIC, note="anything: parallel outer loops, vectorised inner loop"),
+)
+
+FALLBACK = RULE_SPECS[-1]
+
+
+def spec(name: str) -> RuleSpec:
+    """The declaration of the rule called ``name``."""
+    for s in RULE_SPECS:
+        if s.name == name:
+            return s
+    raise KeyError(name)
+
+
+@lru_cache(maxsize=4096)
+def predict_rule(shape: GroupShape) -> RuleSpec:
+    """The first declared rule that takes a kernel of this shape (the fallback takes anything)."""
+    for s in RULE_SPECS:
+        if s.accepts(shape):
+            return s
+    return FALLBACK
+
+
+def group_shape(kinds, producers, outputs=()) -> GroupShape:
+    """The shape of a group of ops: ``kinds`` one letter per op in program order, ``producers[i]`` the
+    positions (within the group) of the ops op ``i`` reads, ``outputs`` the positions whose values leave the
+    group (the last op's always does)."""
+    last = len(kinds) - 1
+    kinds = "".join(k.lower() if i in outputs and i != last else k for i, k in enumerate(kinds))
+    products = [i for i, k in enumerate(kinds) if k.upper() in PRODUCT_KINDS]
+    chained = False
+    if len(products) > 1:
+        below: dict[int, set] = {}
+        for i in range(len(kinds)):             # program order: producers come first
+            up = set()
+            for p in producers[i]:
+                up |= {p} | below.get(p, set())
+            below[i] = up
+        chained = any(set(products) & below[i] for i in products)
+    return GroupShape(kinds, chained)
