@@ -100,9 +100,10 @@ def test_ub_bytes_within_capacity(preset, name):
 
 def test_wide_kernel_register_block_puts_columns_first():
     """A 3x3 conv re-reading its weights per register block takes 1 x 14 (14 columns per weight vector)
-    on a 28-wide output and reads the NCHW input in place; a 1x1 conv keeps 2 x 7. Both exact."""
+    on a 28-wide output and reads the NCHW input in place; a 1x1 conv takes the pointwise block 1 x 7.
+    Both exact."""
     avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
-    for ws, pad, tiles in (((32, 32, 3, 3), 1, "ocr=1, owr=14"), ((32, 32, 1, 1), 0, "ocr=2, owr=7")):
+    for ws, pad, tiles in (((32, 32, 3, 3), 1, "ocr=1, owr=14"), ((32, 32, 1, 1), 0, "ocr=1, owr=7")):
         func = fused_kernel(conv_bias_relu(1, pad), [(1, 32, 28, 28), ws, (1, 32, 1, 1)])
         func = func.with_attr("layout_free_buffers", [1])
         script = Conv2dRule(plane_chunks=False).apply(func, NPU, avx512).mod.script()
@@ -181,8 +182,8 @@ PLANE_CASES = {
     # small output planes: input-channel chunks outside the pixel loops, accumulator = a block of rows
     "3x3_7x7": (((1, 32, 7, 7), (128, 32, 3, 3), (1, 128, 1, 1)), 1, 1, False),
     "3x3_s2_to_7x7": (((1, 32, 13, 13), (128, 32, 3, 3), (1, 128, 1, 1)), 2, 1, False),
-    "1x1_row_blocks": (((1, 64, 6, 6), (64, 64, 1, 1), (1, 64, 1, 1)), 1, 0, False),
-    "1x1_residual": (((1, 64, 7, 7), (128, 64, 1, 1), (1, 128, 1, 1), (1, 128, 7, 7)), 1, 0, True),
+    "1x1_row_blocks": (((1, 64, 12, 12), (64, 64, 1, 1), (1, 64, 1, 1)), 1, 0, False),
+    "1x1_residual": (((1, 64, 14, 14), (128, 64, 1, 1), (1, 128, 1, 1), (1, 128, 14, 14)), 1, 0, True),
     # a 28x28 plane's accumulator exceeds the budget: pointwise convs take blocks of rows instead
     "1x1_28x28_row_blocks": (((1, 32, 28, 28), (32, 32, 1, 1), (1, 32, 1, 1)), 1, 0, False),
     # input channels no power of two divides into chunks (MobileNet/EfficientNet widths): chunks of 48, 24, 40
@@ -211,6 +212,26 @@ def test_small_plane_channel_chunks_are_exact(name):
     assert "yy_0" not in Conv2dRule(plane_chunks=False).apply(func, NPU, NATIVE).mod.script()
 
 
+@pytest.mark.parametrize("xs,ws,residual", [((1, 160, 7, 7), (96, 160, 1, 1), True),
+                                            ((2, 72, 6, 6), (40, 72, 1, 1), False),
+                                            ((1, 37, 5, 7), (48, 37, 1, 1), False)])
+def test_pointwise_on_a_row_of_one_register_block_is_not_chunked(xs, ws, residual):
+    """A 1x1 conv whose output row is one pointwise register block (7x7 planes on AVX-512) keeps the
+    register-resident reduction over all input channels instead of the plane's channel chunks; exact
+    (residual, batch 2, 8-lane channels, odd input channels); a 3x3 conv on the same plane still chunks."""
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w), b)
+        return op.nn.relu(op.add(y, r[0]) if residual else y)
+
+    shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], xs[2], xs[3])] if residual else [])
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    assert "rc_0" not in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
+    wide = fused_kernel(conv_bias_relu(1, 1), [(1, 32, 7, 7), (128, 32, 3, 3), (1, 128, 1, 1)])
+    assert "rc_0" in Conv2dRule().apply(wide.with_attr("layout_free_buffers", [1]), NPU, avx512).mod.script()
+
+
 def test_plane_chunks_keep_two_tasks_per_core():
     """A prime row count with one channel block would leave a single parallel task: not chunked then."""
     func = fused_kernel(conv_bias_relu(1, 1), [(1, 32, 7, 7), (32, 32, 3, 3), (1, 32, 1, 1)])
@@ -223,6 +244,33 @@ def test_large_planes_keep_the_nchwc_input():
     func = fused_kernel(conv_bias_relu(1, 0), [(1, 128, 56, 56), (32, 128, 1, 1), (1, 32, 1, 1)])
     script = Conv2dRule().apply(func, NPU, NATIVE).mod.script()
     assert "yy_0" not in script and "pad_temp" in script
+
+
+@pytest.mark.parametrize("xs,ws,stride,residual", [
+    ((1, 32, 48, 48), (48, 32, 1, 1), 1, False),     # input staged NCHW[16]c, 8-column blocks
+    ((2, 19, 40, 60), (32, 19, 1, 1), 1, True),      # odd IC read in place, 6-column blocks, batch 2
+    ((1, 16, 56, 58), (96, 16, 1, 1), 1, False),     # 8 columns with a predicated tail
+    ((2, 24, 90, 90), (80, 24, 1, 1), 2, True),      # strided: gathered, then pointwise on 45x45
+    ((1, 16, 48, 48), (40, 16, 1, 1), 1, False),     # 8-lane vectors: the default block
+])
+def test_pointwise_on_large_planes_takes_one_vector_of_channels(xs, ws, stride, residual):
+    """1x1 convs on planes too large for the plane chunks: one vector of output channels x 8 columns on
+    AVX-512 (the store transpose's tile), and the unscheduled kernel's numbers (odd channels, batch 2,
+    strided, widths not a multiple of 8, channels not a multiple of the vector)."""
+    oh, ow = (xs[2] - 1) // stride + 1, (xs[3] - 1) // stride + 1
+
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w, strides=stride), b)
+        return op.nn.relu(op.add(y, r[0]) if residual else y)
+
+    shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], oh, ow)] if residual else [])
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    script = Conv2dRule().apply(func, NPU, avx512).mod.script()
+    owr = next(d for d in range(8, 0, -1) if ow % d == 0)
+    owr = owr if 2 * owr > 8 else 8
+    assert (f"vl=16, ocr=1, owr={owr}" in script) == (ws[0] % 16 == 0), ws
+    check_rule(Conv2dRule(), func, host=NATIVE)
 
 
 @pytest.mark.parametrize("xs,ws,residual", [((1, 32, 14, 14), (64, 32, 1, 1), False),
