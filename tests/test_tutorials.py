@@ -47,7 +47,10 @@ def test_tuning_tutorial_small(tmp_path):
     pytest.importorskip("cloudpickle")
     out = _run("05_tuning.py", "--rows", "16", "--hidden", "64", "--ffn", "96", "--trials", "2",
                "--out", str(tmp_path / "tuned"), cwd=tmp_path)
-    assert "rules with the records: ['tuned']" in out and "tutorial checks: OK" in out
+    # the record applies where a searched pick beat the default; where the default stayed fastest the rule
+    # builds it (which of the two depends on the machine's load): the tutorial checks the rules either way
+    assert any(f"rules with the records: ['{r}']" in out for r in ("tuned", "matmul")), out
+    assert "tutorial checks: OK" in out
 
 
 def test_pytorch_tutorial_small(tmp_path):
