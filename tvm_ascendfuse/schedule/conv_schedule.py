@@ -10,8 +10,8 @@ bias, activation, residual add) are fused into the store of each output tile, wh
 register transpose where the tile has its shape (``transpose.py``; measured faster on one core, most on
 strided and pointwise convs). Where the NCHW-order epilogue would read the accumulator lane-strided in
 vectors of 1-2 columns (7/14-wide planes), it runs on channel vectors instead and the output-side register
-transpose stores its result (``_lane_epilogue_columns``). Grouped and depthwise convs have another index structure and are left to the
-fallback rule.
+transpose stores its result (``_lane_epilogue_columns``). Grouped and depthwise convs have another index
+structure and are left to the fallback rule.
 
 Tiling: the accumulator tile (ocb output channels x owr output columns of one row) lives in ``local.UB``
 in an NCHW[vl]c layout, so the vector axis (output channels) is innermost; each FMA multiplies vl output
@@ -547,6 +547,11 @@ def _subsample_strided_pointwise(sch, conv, info: ConvBlock, pro, out_hw):
     pads = [b for b in pro if still_exists(sch, b)]
     d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
     if w_shape[2:] != [1, 1] or len(pads) != 1 or None in d_shape or d_shape[2:] == list(out_hw):
+        return None
+    # the gathered buffer is laid out (n, y, x, c) below: reindex folds the unit kernel-window iterators into
+    # y and x only when those are not unit too (a one-pixel output row or column keeps them as axes of their
+    # own), so such an output is left strided (it is a few pixels)
+    if min(out_hw) < 2:
         return None
     rb = sch.reindex(conv, ("read", info.data_read))
     sch.transform_layout(rb, ("write", 0), lambda n, y, x, c: (n, c, y, x))
