@@ -338,7 +338,8 @@ def same_ops_rows(model, inputs, executable, info: dict[str, dict], kernels: lis
 
 def profile_model(model, label: str, target: str = "ascend910b", rounds: int = 5, seed: int = 0, log=print,
                   ort_ops: bool = False, same_ops: bool = False, int_high: int | None = None):
-    """Compile one ONNX model, time it whole (ours vs ORT interleaved) and per kernel."""
+    """Compile one ONNX model, time it whole (ours vs ORT interleaved) and per kernel. ``same_ops``: True for
+    ORT's time of the ops of each generic-rule kernel, "all" for every kernel's."""
     inputs = model_inputs(model, seed, int_high)
     log(f"[{label}] compiling ...")
     t = time.perf_counter()
@@ -365,8 +366,9 @@ def profile_model(model, label: str, target: str = "ascend910b", rounds: int = 5
         log(f"[{label}] onnxruntime per-node profile ...")
         out["vs_ort"] = compare_with_ort(out["kernels"], ort_node_times(model, inputs, max(3, rounds)))
     if same_ops:
-        generic = [k.name for k in kernels if k.rule in GENERIC_RULES]
-        log(f"[{label}] onnxruntime on the ops of {len(generic)} generic-rule kernels ...")
+        generic = [k.name for k in kernels if same_ops == "all" or k.rule in GENERIC_RULES]
+        log(f"[{label}] onnxruntime on the ops of {len(generic)} {'' if same_ops == 'all' else 'generic-rule '}"
+            "kernels ...")
         out["same_ops"] = same_ops_rows(model, inputs, res.executable, info, generic)
     return out
 
@@ -403,7 +405,7 @@ def format_profile(p: dict, top: int | None = None) -> str:
             lines.append(f"{'-' if ours is None else f'{ours:8.3f}':>8} {'-' if theirs is None else f'{theirs:8.3f}':>8} "
                          f"{ratio}  {what}")
     if p.get("same_ops"):
-        lines += ["", "generic-rule kernels, ours (each call alone, warm) vs onnxruntime on the same ONNX ops "
+        lines += ["", "kernels, ours (each call alone, warm) vs onnxruntime on the same ONNX ops "
                       "(subgraph matched by values, node-kernel time; ort_same_ops.py):",
                   f"{'ours ms':>8} {'ORT ms':>8} {'ratio':>6}  kernel: matched calls, ONNX ops"]
         by_name = {k.name: k for k in p["kernels"]}
@@ -465,6 +467,9 @@ def main(argv=None) -> int:
                     help="integer inputs are drawn from [0, N) when the model does not record its vocabulary")
     ap.add_argument("--ort-same-ops", action="store_true",
                     help="onnxruntime's time for the ops of each generic-rule kernel (ort_same_ops.py)")
+    ap.add_argument("--same-ops-all", action="store_true",
+                    help="with --ort-same-ops: every kernel, not only the generic-rule ones (ranks the gaps "
+                         "of the conv/depthwise/SE kernels too)")
     ap.add_argument("--target", default="ascend910b", help="NPU preset or target file (default ascend910b)")
     ap.add_argument("--rounds", type=int, default=5, help="timing samples per kernel call (min is kept)")
     ap.add_argument("--top", type=int, default=0, help="print only the N slowest kernels (default all)")
@@ -486,7 +491,8 @@ def main(argv=None) -> int:
     text = []
     for label, make in jobs:
         prof = profile_model(make(), label, args.target, args.rounds, log=log, ort_ops=args.ort_ops,
-                             same_ops=args.ort_same_ops, int_high=args.int_high)
+                             same_ops="all" if args.ort_same_ops and args.same_ops_all else args.ort_same_ops,
+                             int_high=args.int_high)
         text.append(format_profile(prof, args.top or None))
         print(text[-1], flush=True)
     print("CPU wall-clock ms on the host (min over samples), not NPU times; each kernel timed alone and warm.")

@@ -343,6 +343,74 @@ def test_channels_a_multiple_of_8_not_16_are_exact(xs, ws, stride, residual, dty
         assert "vl=8, ocr=3" in mod.script()
 
 
+def conv_bias_act(stride, pad, act, residual=False):
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w, strides=stride, padding=[pad] * 4), b)
+        if residual:
+            y = op.add(y, r[0])
+        return {"silu": op.nn.silu, "relu": op.nn.relu, "none": lambda v: v}[act](y)
+    return build
+
+
+LANE_EPILOGUE = "epilogue on 16-lane channel vectors"
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad,act", [
+    ((1, 48, 7, 7), (64, 48, 1, 1), 1, 0, "silu"),        # 7-column register block, no 8x16 store transpose
+    ((2, 40, 14, 14), (32, 40, 1, 1), 1, 0, "silu"),      # small plane's channel chunks, batch 2: 7-column stores
+    ((1, 19, 12, 12), (48, 19, 3, 3), 1, 1, "relu"),      # 3x3, odd input channels, 6-column stores
+    ((1, 24, 28, 28), (32, 24, 3, 3), 2, 1, "silu"),      # strided 3x3 onto 14x14, rows padded per task
+    ((1, 37, 5, 7), (48, 37, 1, 1), 1, 0, "silu"),        # odd input channels, 5x7 plane
+])
+def test_epilogue_on_channel_vectors_is_exact(xs, ws, stride, pad, act):
+    """Where the NCHW-order epilogue would read the NCHW[16]c accumulator lane-strided in vectors of 1-2
+    columns (7/14-wide planes, plane chunks), it runs on 16-lane channel vectors and reaches NCHW through the
+    output register transpose (AVX-512 host): the unscheduled kernel's numbers (SiLU, batch 2, odd IC,
+    strided 3x3); with the option off the epilogue keeps its NCHW order."""
+    func = fused_kernel(conv_bias_act(stride, pad, act), [xs, ws, (1, ws[0], 1, 1)]).with_attr(
+        "layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    assert LANE_EPILOGUE in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    assert LANE_EPILOGUE not in Conv2dRule(lane_epilogue=False).apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
+
+
+def test_conv_without_epilogue_stores_through_the_transpose():
+    """No epilogue (a 7x7 pointwise conv alone): the accumulator copy itself is the transposed store."""
+    func = fused_kernel(lambda x, w: op.nn.conv2d(x, w), [(1, 32, 7, 7), (48, 32, 1, 1)]).with_attr(
+        "layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    assert LANE_EPILOGUE in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
+
+
+@pytest.mark.parametrize("xs,ws,act,residual,option,lanes", [
+    ((1, 16, 7, 7), (64, 16, 1, 1), "silu", True, True, False),      # residual read along the columns
+    ((1, 16, 16, 16), (96, 16, 1, 1), "relu", False, True, False),   # 8x16 block, cheap epilogue: its own
+    ((2, 16, 16, 16), (96, 16, 1, 1), "silu", False, True, True),    # ... store transpose; SiLU on lanes
+    ((2, 16, 16, 16), (96, 16, 1, 1), "relu", False, "always", True),  # ... or when asked for, batch 2
+])
+def test_epilogue_order_on_whole_columns(xs, ws, act, residual, option, lanes):
+    """A residual epilogue (read contiguous along the columns, a gather on channel vectors) keeps the
+    NCHW-order epilogue; so does a cheap one (bias + ReLU) on the 8 x 16 register blocks the store transpose
+    serves, while SiLU (~30 ops an element) runs on channel vectors there too. Numbers exact either way."""
+    shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], xs[2], xs[3])] if residual else [])
+    func = fused_kernel(conv_bias_act(1, 0, act, residual), shapes).with_attr("layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    rule = Conv2dRule(lane_epilogue=option)
+    assert (LANE_EPILOGUE in rule.apply(func, NPU, avx512).mod.script()) == lanes
+    check_rule(rule, func, host=NATIVE)
+
+
+def test_silu_epilogue_runs_per_tile():
+    """SiLU's fast-math exp tests its let-bound argument for underflow (a Select on a value, not on an index):
+    the epilogue still runs per conv tile, not as a second pass over the conv's output in GM."""
+    func = fused_kernel(conv_bias_act(1, 0, "silu"), [(1, 16, 7, 7), (64, 16, 1, 1), (1, 64, 1, 1)]).with_attr(
+        "layout_free_buffers", [1])
+    script = check_rule(Conv2dRule(), func, host=NATIVE).script()
+    assert script.count("T.parallel") == 1 and "conv2d_nchw_intermediate_local_UB" in script
+
+
 @pytest.mark.parametrize("hw", [2, 3])
 def test_strided_pointwise_conv_to_a_single_pixel(hw):
     """A 1x1 stride-2 conv whose output is one pixel (ResNet-style downsampling at the end of a small

@@ -64,3 +64,15 @@ def test_pointwise_register_block_is_one_vector_by_half_the_accumulators():
     for oc in (24, 40, 72):          # 8-lane vectors: the default register block
         assert choose_conv_tiles(oc, 56, "float32", avx512, npu, pointwise=True) == \
             choose_conv_tiles(oc, 56, "float32", avx512, npu)
+
+
+def test_pointwise_rows_narrower_than_the_block_take_two_vectors():
+    """A pointwise conv whose rows are narrower than half the accumulator count (7x7 planes on AVX-512) would
+    leave the one-vector block with 7 of 16 accumulators: it takes the default block, two vectors x the row
+    (14 accumulators; measured faster on 192->1152 channels, neutral on 160->960)."""
+    npu = get_target("ascend910b")
+    avx512 = HostVector(512, 32, 2)
+    for oc, ocr in ((1152, 2), (960, 2), (1280, 2), (144, 1)):
+        t = choose_conv_tiles(oc, 7, "float32", avx512, npu, pointwise=True)
+        assert (t.vl, t.ocr, t.owr) == (16, ocr, 7), oc
+

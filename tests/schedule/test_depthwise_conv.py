@@ -199,8 +199,8 @@ def se_pool(groups, act=op.nn.silu, axis=(2, 3), keep_output=True, reduce=op.mea
 
 @pytest.mark.parametrize("xs, act, keep, reduce", [
     ((1, 32, 16, 16), op.nn.silu, True, op.mean),       # 256 a plane: 16-lane partial sums
-    ((1, 48, 14, 14), op.nn.relu, True, op.mean),       # 196: 4-lane partial sums
-    ((1, 40, 7, 7), op.nn.silu, True, op.mean),         # 49: scalar
+    ((1, 48, 14, 14), op.nn.relu, True, op.mean),       # 196: 14-lane partial sums
+    ((1, 40, 7, 7), op.nn.silu, True, op.mean),         # 49: 7-lane partial sums
     ((2, 24, 10, 10), op.nn.silu, True, op.max),        # batch 2, a max over the plane
     ((1, 5, 9, 9), op.nn.relu, True, op.mean),          # odd channels
     ((1, 32, 12, 12), op.nn.silu, False, op.mean),      # the conv's output is not a kernel output

@@ -74,3 +74,26 @@ def test_se_symbolic_batch():
 ], ids=["conv", "mean", "no_squeeze"])
 def test_other_kernels_declined(build, shapes):
     check_rule(SqueezeExciteRule(), fused_kernel(build, shapes), expect=False)
+
+
+@pytest.mark.parametrize("h,w,width", [(7, 7, 7), (14, 14, 14), (10, 10, 10), (56, 56, 16), (3, 3, 1)])
+def test_squeeze_partial_sums_are_as_wide_as_a_divisor_allows(h, w, width):
+    """The plane sum's partial sums take the widest divisor of the plane up to a vector (AVX-512: 16), so a
+    7x7 plane sums 7 chains of 7 (not one scalar chain of 49) and a 14x14 plane 14 of 14 (not 4 of 49);
+    exact on batch 2 with odd channels."""
+    import tvm
+
+    from tests.schedule.kernels import NPU
+
+    func = fused_kernel(se_conv("silu"), conv_shapes(2, 21, 5, h, w))
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    assert f"partial sums {width}\"" in SqueezeExciteRule().apply(func, NPU, avx512).mod.script()
+    check_rule(SqueezeExciteRule(), func, host=NATIVE)
+
+
+def test_partial_sum_width():
+    from tvm_ascendfuse.schedule.partial_sums import partial_sum_width
+
+    assert [partial_sum_width(n, 16) for n in (49, 196, 3136, 100, 9, 8, 12544)] == [7, 14, 16, 10, 1, 4, 16]
+    assert [partial_sum_width(n, 8) for n in (49, 196, 64)] == [7, 7, 8]
+    assert partial_sum_width(None, 16) == 16

@@ -77,13 +77,32 @@ def selects_by_index(sch: s_tir.Schedule, block) -> bool:
     """Does ``block`` choose between sources by its own indices (a concatenate, possibly inlined into a
     slice)? Such a block reads a producer tile only in one branch, and reverse_compute_at derives its
     region from that branch alone, so it must not be placed per tile. Value conditions (leaky_relu's
-    ``x > 0``) read a buffer in the condition and are fine."""
+    ``x > 0``) read a buffer in the condition and are fine, also through a let-bound value (the fast-math
+    exp's underflow test of a SiLU or sigmoid names only its let variable)."""
     found = []
+    stmt = sch.get(block)
+    iters = [iv.var for iv in stmt.iter_vars]
+    lets = []
+    tvm_ffi.structural_walk(stmt.body, (tirx.Let, lets.append))
+
+    def reads(expr) -> tuple[bool, bool]:
+        """(reads a buffer, names one of the block's iterators), let-bound values followed (a let's value
+        cannot name its own variable, so this ends)."""
+        loads, variables = [], []
+        tvm_ffi.structural_walk(expr, [(tvm.ir.expr.TensorLoad, loads.append), (tvm.ir.Var, variables.append)])
+        load, index = bool(loads), False
+        for v in variables:
+            bound = next((let.value for let in lets if let.var.same_as(v)), None)
+            if bound is not None:
+                sub = reads(bound)
+                load, index = load or sub[0], index or sub[1]
+            elif any(v.same_as(i) for i in iters):
+                index = True
+        return load, index
 
     def by_index(cond) -> bool:
-        loads, variables = [], []
-        tvm_ffi.structural_walk(cond, [(tvm.ir.expr.TensorLoad, loads.append), (tvm.ir.Var, variables.append)])
-        return bool(variables) and not loads
+        load, index = reads(cond)
+        return index and not load
 
     def on_call(call):
         if isinstance(call.op, tvm.ir.Op) and call.op.name == "prim.if_then_else" and by_index(call.args[0]):

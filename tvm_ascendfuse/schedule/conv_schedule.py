@@ -8,8 +8,10 @@ of its block, halo rows twice: no second fork/join, the rows stay in the core's 
 two threads, the same with one), else once at the root, parallel over channels. Epilogue ops (folded-BN
 bias, activation, residual add) are fused into the store of each output tile, which reaches NCHW through a
 register transpose where the tile has its shape (``transpose.py``; measured faster on one core, most on
-strided and pointwise convs). Grouped and depthwise convs have another index structure and are left to the
-fallback rule.
+strided and pointwise convs). Where the NCHW-order epilogue would read the accumulator lane-strided in
+vectors of 1-2 columns (7/14-wide planes), it runs on channel vectors instead and the output-side register
+transpose stores its result (``_lane_epilogue_columns``). Grouped and depthwise convs have another index
+structure and are left to the fallback rule.
 
 Tiling: the accumulator tile (ocb output channels x owr output columns of one row) lives in ``local.UB``
 in an NCHW[vl]c layout, so the vector axis (output channels) is innermost; each FMA multiplies vl output
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm_ffi
 from tvm import tirx
+from tvm.s_tir import ScheduleError
 
 from ..ir import dtype_bytes
 from ..target import AscendTarget
@@ -42,9 +46,12 @@ from .base import UB_SCOPE
 from .common import as_target, extent, ok, parallel_vector, still_exists, tile_local, try_, vectorize_inner
 from .hostvec import HostVector
 from .layout import mark_prepack, packable_param
-from .transpose import transpose_load, transpose_store
+from .transpose import out_transpose_intrin, transpose_intrin, transpose_load, transpose_store, transpose_to_nchw
 
 _SUBSAMPLE = "ascendfuse.conv_subsample"   # marks the gathered input of a strided 1x1 conv
+# vector ops per output vector of the epilogue's own pass through the UB tile on channel vectors (store,
+# load, the share of the shuffle network): the arithmetic it saves must exceed it (_lane_epilogue_columns)
+LANE_PASS_OPS = 4
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,7 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
         # channels two full vectors would, each broadcast input pixel then feeds as many lanes
         counts = (max(r for r in range(1, 2 * lanes // vl + 1) if oc % (r * vl) == 0), 1)
     cands = [(ocr, columns(ocr)) for ocr in dict.fromkeys(counts) if oc >= ocr * vl and oc % (ocr * vl) == 0]
-    if pointwise and vl == lanes:
+    if pointwise and vl == lanes and ow >= acc // 2:
         ocr, owr = 1, columns(1, max(1, acc // 2))
     elif columns_first:
         ocr, owr = max(cands, key=lambda c: (c[1] * 2 >= acc, c[0] * c[1], c[0]))
@@ -165,6 +172,9 @@ class ConvOptions:
     row_blocks: int | None = None    # None: from the core count (_row_blocks); n: n blocks (tuning)
     transpose: bool = True           # NCHW[vl]c -> NCHW store through register shuffles (transpose.py)
     transpose_input: bool = True     # NCHW -> NCHW[icb]c input staging through register shuffles
+    # epilogue on channel vectors, stored through the output transpose (_lane_epilogue_columns): True where
+    # the NCHW-order epilogue would read the accumulator lane-strided, "always" also for 8-column blocks
+    lane_epilogue: bool | str = True
     # ``tiles(sch, default, candidates)``, when given, picks the ConvChoice to use (a tuner samples one of
     # ``candidates()``, see ``tunable.py``); without it the schedule makes its own choice
     tiles: object = None
@@ -330,7 +340,7 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         ocb = t.ocb
         mark_prepack(sch, conv, info.weight_read, lambda f, c, r, s: (f // ocb, c, r, s, f % ocb))
         packed = True
-    epi = list(blocks[ci + 1:])
+    epi = epi_blocks = list(blocks[ci + 1:])
     out_shape = sch.get(conv).writes[0].source.ty.shape
     tiled_epi = all(tile_local(sch, b, out_shape) for b in epi)
     if epi and tiled_epi:
@@ -380,9 +390,16 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
     if oc % t.vl == 0:
         vl = t.vl
         sch.transform_layout(conv, ("write", 0), lambda a, f, y, x: (a, f // vl, y, x, f % vl))
-    if ok(sch.reverse_compute_at, last, epi_at):
+    acc = sch.get(conv).writes[0].source
+    cols = _lane_epilogue_columns(opts, sch, last, acc, out_shape, epi_at is x0, t, ow) \
+        if oc % t.vl == 0 else None
+    lane_note = ""
+    if cols is not None and _if_it_applies(
+            sch, lambda s: _epilogue_on_lanes(s, last, epi_at, t.vl, cols, copy=not (epi_blocks and tiled_epi))):
+        lane_note = f" epilogue on {t.vl}-lane channel vectors, {cols}-column store transposes"
+    elif ok(sch.reverse_compute_at, last, epi_at):
         if opts.transpose and epi_at is x0 and oc % t.vl == 0:
-            transpose_store(sch, last, sch.get(conv).writes[0].source, t.owr, t.vl)
+            transpose_store(sch, last, acc, t.owr, t.vl)
         vectorize_inner(sch, last, lanes)
     else:
         parallel_vector(sch, last, lanes)
@@ -410,8 +427,115 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
     try_(sch.unroll, il[-2])
     try_(sch.unroll, il[-3])
     rows_note = f" row_blocks={blocks_of_rows}" if chosen.row_blocks != default.row_blocks else ""
-    sch.annotate(conv, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}{rows_note}")
+    sch.annotate(conv, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}{rows_note}{lane_note}")
     return sch
+
+
+def _lane_epilogue_columns(opts: ConvOptions, sch, last, acc, out_shape, per_register_block: bool,
+                           t: ConvTiles, ow: int) -> int | None:
+    """Output columns per store transpose when the epilogue runs on channel vectors (``_epilogue_on_lanes``),
+    else None (the epilogue keeps the NCHW order it has).
+
+    The accumulator tile is NCHW[vl]c; an epilogue run in NCHW order reads it with the columns on the lanes:
+    a whole-register-block transpose first where there is one (``transpose_store``: 8 columns x 16 lanes),
+    else lane-strided reads and vectors of the largest power of two dividing the columns, which is 1 or 2
+    lanes for the 7- and 14-wide planes of MobileNet/EfficientNet (7 columns per register block, or the
+    rows of a small plane's channel chunks): there an activation like SiLU (an exp and a divide) ran nearly
+    scalar. On channel vectors it runs on full host vectors (the bias is one vector load per channel
+    block), and the result reaches NCHW through the output-side register transpose (the largest divisor of
+    the register block's or the row's columns up to 8).
+    Applies when that transpose exists for the tile, the last epilogue block writes the accumulator's
+    element at the same NCHW indices, and the epilogue reads no other tensor along the columns (a residual
+    read on channel vectors is a lane-strided gather: those keep the NCHW order). A register block that
+    ``transpose_store`` covers (its columns contiguous, in vectors of owr < vl lanes) keeps it unless the
+    epilogue's arithmetic is heavy: on channel vectors each op runs vl / owr times fewer vector
+    instructions, against a pass of its own through the UB tile (``LANE_PASS_OPS``): measured faster for
+    SiLU (a fast-math exp and a divide), slower for a bias + ReLU6 (one core, interleaved).
+    ``opts.lane_epilogue`` "always" drops these exceptions (tuning and measurements)."""
+    if not (opts.lane_epilogue and opts.transpose):
+        return None
+    width = t.owr if per_register_block else ow
+    if per_register_block and opts.lane_epilogue != "always" and transpose_intrin(str(acc.ty.dtype), width, t.vl) \
+            and _arith_ops(sch, last) * (t.vl // width - 1) <= LANE_PASS_OPS:
+        return None
+    cols = next((d for d in range(min(width, 8), 1, -1) if width % d == 0), None)
+    if cols is None or out_transpose_intrin(str(acc.ty.dtype), cols, t.vl) is None:
+        return None
+    if not _writes_like(sch, last, out_shape) or (opts.lane_epilogue != "always"
+                                                  and _reads_along_columns(sch, last, acc)):
+        return None
+    return cols
+
+
+def _arith_ops(sch, block) -> int:
+    """Arithmetic operations the block computes per element (its stored value's nodes; a let-bound value once)."""
+    count = [0]
+    kinds = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Min, tirx.Max, tirx.Select, tirx.FloorDiv,
+             tirx.FloorMod, tirx.Cast)
+    store = sch.get(block).body
+    if isinstance(store, tirx.BufferStore):
+        tvm_ffi.structural_walk(store.value, [(k, lambda _: count.__setitem__(0, count[0] + 1)) for k in kinds])
+    return count[0]
+
+
+def _writes_like(sch, block, out_shape) -> bool:
+    """Does ``block`` store one 4-d element per iteration at its own four iterators (n, c, y, x), into a
+    buffer of the conv output's shape (the batch may differ in name)?"""
+    stmt = sch.get(block)
+    store = stmt.body
+    if not isinstance(store, tirx.BufferStore) or len(store.indices) != 4 or len(stmt.iter_vars) != 4:
+        return False
+    shape = [extent_of(d) for d in store.buffer.ty.shape]
+    want = [extent_of(d) for d in out_shape]
+    if None in shape[1:] or shape[1:] != want[1:]:
+        return False
+    return all(isinstance(i, tirx.Var) and i.same_as(iv.var) for i, iv in zip(store.indices, stmt.iter_vars))
+
+
+def _reads_along_columns(sch, block, acc) -> bool:
+    """Does ``block`` read a tensor other than the accumulator whose elements change along the columns (a
+    residual input), rather than per channel (a bias)?"""
+    for region in sch.get(block).reads:
+        buf = region.source
+        if buf.same_as(acc):
+            continue
+        dims = [extent_of(d) for d in buf.ty.shape]
+        if dims and (dims[-1] is None or dims[-1] > 1):
+            return True
+    return False
+
+
+def _epilogue_on_lanes(sch, last, at, vl: int, cols: int, copy: bool) -> bool:
+    """Compute the epilogue ``last`` under loop ``at`` on channel vectors: it writes an NCHW[vl]c tile in UB
+    (vl channels innermost, vectorised) that a register transpose stores to NCHW ``cols`` columns at a time
+    (``transpose.transpose_to_nchw``). ``copy``: ``last`` only copies the accumulator out (no epilogue),
+    then it is the transposed store itself. False when a step does not apply (the schedule is then
+    partly changed: call it on a copy first, ``_if_it_applies``)."""
+    store = last if copy else sch.cache_write(last, 0, UB_SCOPE)
+    if not copy:
+        sch.transform_layout(last, ("write", 0), lambda a, c, h, w: (a, c // vl, h, w, c % vl))
+    sch.reverse_compute_at(last, at, preserve_unit_loops=True)
+    n, c, y, x = sch.get_loops(last)[-4:]
+    co, ci = sch.split(c, [None, vl])
+    xo, xi = sch.split(x, [None, cols])
+    if copy:
+        sch.reorder(n, co, y, xo, ci, xi)
+        return transpose_to_nchw(sch, last, vl)
+    sch.reorder(n, co, y, xo, xi, ci)
+    sch.vectorize(ci)
+    sch.reverse_compute_at(store, xo)
+    return transpose_to_nchw(sch, store, vl)
+
+
+def _if_it_applies(sch, apply) -> bool:
+    """``apply(sch)`` when it succeeds on a copy of ``sch`` (returns True, raises no ScheduleError); else
+    False with ``sch`` untouched."""
+    try:
+        if not apply(sch.copy()):
+            return False
+    except ScheduleError:
+        return False
+    return apply(sch)
 
 
 def _subsample_strided_pointwise(sch, conv, info: ConvBlock, pro, out_hw):

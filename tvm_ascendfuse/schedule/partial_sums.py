@@ -17,6 +17,17 @@ from .analysis import block_name, has_reduce
 from .common import extent, get_realize, ok, root_blocks, try_, vector_width_for
 
 
+def partial_sum_width(ext: int | None, lanes: int) -> int:
+    """Lanes of the partial sums of a whole-plane row of ``ext`` elements: the widest divisor of ``ext`` from
+    ``lanes`` down to 4 that leaves at least two chunks, else 1 (scalar). Each lane is a chain of adds that
+    waits for its previous one, so wider partial sums are shorter chains: 7x7 planes (49 pixels) take 7
+    lanes instead of one scalar chain, 14x14 planes (196) 14 instead of 4. A symbolic row takes ``lanes``
+    (its tail is predicated)."""
+    if ext is None:
+        return lanes
+    return next((d for d in range(min(lanes, ext // 2), 3, -1) if ext % d == 0), 1)
+
+
 def lane_partials(sch, names, lanes: int) -> set:
     """Each row reduction among the blocks ``names`` split into vector-wide partial sums (rfactor, at the root,
     before anything moves: it needs the reduction to head its loop nest) plus a short final sum; returns the

@@ -12,8 +12,8 @@ output; the alternative, the sums inside the conv's row tiles, races between til
 from __future__ import annotations
 
 from .analysis import has_reduce, match_pool
-from .common import extent, parallel_vector, try_, vector_width_for
-from .partial_sums import vectorize_rf
+from .common import extent, parallel_vector, try_
+from .partial_sums import partial_sum_width, vectorize_rf
 
 
 def split_plane_pool(sch, blocks, ci) -> tuple[int | None, str | None]:
@@ -51,7 +51,7 @@ def schedule_plane_pool(sch, tail, lanes: int) -> str:
     red = sch.fuse(*loops[-2:])                       # the whole plane, contiguous in NCHW
     spatial = sch.fuse(*loops[:-2])
     plane = extent(sch, red)
-    v = vector_width_for(plane, lanes)
+    v = partial_sum_width(plane, lanes)
     rf = None
     if v >= 4 and plane > v:
         _, lane = sch.split(red, [None, v])

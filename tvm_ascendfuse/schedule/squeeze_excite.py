@@ -26,7 +26,7 @@ from .analysis import LOAD, has_reduce, is_cheap, is_contraction, strip_cast
 from .base import UB_SCOPE, ScheduleRule
 from .common import buffer_bytes, extent, ok, root_blocks, try_, vector_lanes, vector_width_for
 from .layout import mark_prepack, packable_param
-from .partial_sums import vectorize_rf
+from .partial_sums import partial_sum_width, vectorize_rf
 
 # Planes below this many elements per call are summed on one core (a fork/join costs more than the sum).
 PARALLEL_MIN_ELEMENTS = 32768
@@ -80,7 +80,7 @@ class SqueezeExciteRule(ScheduleRule):
         n, c, *spatial, kh, kw = sch.get_loops(block)
         hw = (extent(sch, kh) or 0) * (extent(sch, kw) or 0)
         k = sch.fuse(kh, kw)
-        v = vector_width_for(hw, lanes) if hw else 1
+        v = partial_sum_width(hw, lanes) if hw else 1
         rf = None
         if v >= 4 and hw >= 2 * v:
             _, ki = sch.split(k, [None, v])
