@@ -34,6 +34,7 @@ from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_produc
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
 from .common import (as_target, extent, is_output_block, ok, parallel_vector, root_blocks, still_exists,
                      tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
+from .contraction import producer_to_stage
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
@@ -336,22 +337,12 @@ def _producer_to_stage(sch, pro, info: GemmBlock, operand):
     """The block writing GEMM operand ``operand`` (``info.a_buf`` or ``info.b_buf``) when inlining its
     injective producers would leave the GEMM without plain indices for it, else None: A behind a head-merge
     transpose + reshape (``A[m, k] = X[k // d, m, k % d]``), B = V of P.V sliced from a packed projection and
-    split into heads.
-
-    Decided on a scratch schedule of the same function, so ``sch`` (possibly traced) is only changed by
-    the primitives the rule then applies. A producer chain holding a reduction (LayerNorm) is left to
-    ``schedule_prologue``."""
-    blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(operand)), None)
-    if blk is None or any(has_reduce(sch, p) for p in [blk, *transitive_producers(sch, blk)]):
-        return None
-    probe = s_tir.Schedule(sch.mod)
-    names = {sch.get(b).name_hint for b in pro}
-    probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
-    try:
-        schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), sch.get(info.block).name_hint)
-    except s_tir.ScheduleError:
-        return blk              # the prologue does not even schedule on its own: stage the producer
-    return None if find_gemm(probe) is not None else blk
+    split into heads (``contraction.producer_to_stage``: decided on a scratch schedule)."""
+    gemm_name = sch.get(info.block).name_hint
+    return producer_to_stage(
+        sch, pro, operand,
+        lambda probe, probe_pro: schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), gemm_name),
+        lambda probe: find_gemm(probe) is not None)
 
 
 def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarget) -> int:
