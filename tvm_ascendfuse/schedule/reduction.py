@@ -21,7 +21,7 @@ from .analysis import is_contraction, leading_spatial
 from .base import UB_SCOPE, ScheduleRule, Scheduled
 from .common import (block_infos, blocks_under, buffer_bytes, extent, get_realize, innermost_vector, is_output_block,
                      largest_divisor, loops_through, num_cores, ok, parallel_vector, root_blocks,
-                     transitive_producers, try_, vector_lanes, vector_width_for)
+                     transitive_producers, try_, vector_lanes, vector_storable, vector_width_for)
 from .contraction import (contiguous_along_output, inline_operand_chain, micro_tile, pad_output_axis,
                           producer_to_stage, schedule_contraction, schedule_gemm_root)
 from .injective import tile_injective
@@ -182,7 +182,7 @@ class GemmNormRule(ScheduleRule):
         for b in chain[:max(0, last_out + 1)]:
             if is_output_block(sch, b.block_rv):
                 tile_injective(sch, b.block_rv, target, host, stage=True)
-        under = self._gemm_at_row_blocks(sch, gemm.block_rv, infos[-1].block_rv) if rb > 1 else None
+        under = self._gemm_at_row_blocks(sch, gemm.block_rv) if rb > 1 else None
         if under is not None:
             schedule_gemm_root(sch, gemm.block_rv, lanes, 1, choose=self.choose, under=under)
             return Scheduled(sch, rows_note)
@@ -232,12 +232,12 @@ class GemmNormRule(ScheduleRule):
         return max(fits) if fits else 1
 
     @staticmethod
-    def _gemm_at_row_blocks(sch, gemm, last):
-        """Compute the GEMM under the row-block loop of the norm (the root loop of its last block): the
+    def _gemm_at_row_blocks(sch, gemm):
+        """Compute the GEMM under the row-block loop of the norm (the kernel's last root loop): the
         norm's blocks are told they read whole padded rows of the GEMM's result (so the block of the GEMM
         keeps its full-vector width), then the GEMM is computed there. The loop, or None when TVM refused
         (the GEMM then stays a stage over all rows)."""
-        outer = sch.get_loops(last)[0]
+        outer = sch.get_loops(root_blocks(sch)[-1])[0]
         result = sch.get(gemm).writes[0].source
         width = result.ty.shape[-1]
         for blk in blocks_under(sch, outer):
@@ -264,6 +264,21 @@ def partial_width_candidates(reductions: list[tuple[int, int]]) -> list[int]:
     one): 1 (the rule's) first, then each count of PARTIAL_VECTORS whose partials divide every vectorised
     reduction of the row and leave it two steps at least."""
     return [k for k in PARTIAL_VECTORS if all(e % (v * k) == 0 and e >= 2 * v * k for e, v in reductions)]
+
+
+def partials_width(ext: int | None, lanes: int) -> int:
+    """Lanes of a row reduction's partials: ``vector_width_for``'s power of two, unless no full vector divides
+    the row; then the divisor of the row, a multiple of 4 between one and four full vectors, that fills the
+    vectors LLVM splits it into best (1500 keys: 60 lanes, four AVX-512 vectors nearly full, against 375
+    steps of 4-lane ones)."""
+    v = vector_width_for(ext, lanes)
+    if ext is None or v == lanes:
+        return v
+    best, fill = v, v / lanes
+    for w in range(4 * lanes, lanes, -4):
+        if ext % w == 0 and ext >= 2 * w and w / (-(-w // lanes) * lanes) > fill:
+            best, fill = w, w / (-(-w // lanes) * lanes)
+    return best
 
 
 def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(), choose=None, row_block: int = 1
@@ -344,7 +359,7 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         rloops = [it.loop_rv for it in info.iters if it.kind == "R"]
         r = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
         ext = extent(sch, r)
-        v = vector_width_for(ext, lanes)
+        v = partials_width(ext, lanes) if wide == 1 else vector_width_for(ext, lanes)
         if not is_output_block(sch, blk):
             try_(sch.set_scope, blk, 0, UB_SCOPE)
         if ext is None or v < 4 or ext < 2 * v:
@@ -540,6 +555,29 @@ def _vectorise_row_block(sch: s_tir.Schedule, blk, rf_names, lanes: int) -> None
     if name in rf_names:
         vectorize_rf(sch, blk)
     elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
-        innermost_vector(sch, blk, lanes)
+        if not _vectors_and_tail(sch, blk, lanes):
+            innermost_vector(sch, blk, lanes)
     elif is_contraction(sch, blk):
         schedule_contraction(sch, blk, lanes)
+
+
+def _vectors_and_tail(sch: s_tir.Schedule, blk, lanes: int) -> bool:
+    """A row no full vector divides (softmax over 1500 keys: 1500 = 4 x 375) as full vectors plus one shorter
+    vector for the remainder (``loop_partition``: a split by the full width would guard every lane, and TVM
+    then scalarises the loop); False (nothing changed) when the row is a whole number of vectors, shorter
+    than one, or its innermost loop runs other blocks too."""
+    loops = sch.get_loops(blk)
+    if not loops or not vector_storable(sch, blk) or not isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize):
+        return False
+    ext = extent(sch, loops[-1])
+    if ext is None or ext <= lanes or ext % lanes == 0 or vector_width_for(ext, lanes) == lanes:
+        return False
+    main = ext // lanes * lanes
+    parts = try_(sch.loop_partition, loops[-1], [main, None])
+    if parts is None:
+        return False
+    head, tail = parts
+    ok(sch.vectorize, sch.split(head, [None, lanes])[1])
+    if ext - main >= 2:
+        ok(sch.vectorize, tail)
+    return True
