@@ -32,14 +32,18 @@ from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_product, reduction_kinds
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
-from .common import (as_target, extent, is_output_block, ok, parallel_vector, root_blocks, still_exists,
-                     tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
+from .common import (as_target, extent, is_output_block, largest_divisor, ok, parallel_vector, root_blocks,
+                     still_exists, tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
 from .contraction import producer_to_stage
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
 from .partial_sums import vector_partial_sums
 
+
+# Output columns up to which padding M (a copy of all of A, when A does not fit the cache) costs more than a
+# register block of fewer rows.
+NARROW_N = 128
 
 @dataclass(frozen=True)
 class GemmTiles:
@@ -74,6 +78,12 @@ def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: Ascend
     mr = max(1, min(8, acc // nvec))
     if m_ext is not None:
         mr = min(mr, m_ext)
+    if m_ext is not None and n_ext is not None and k_ext is not None and m_ext % mr and n_ext <= NARROW_N \
+            and m_ext * k_ext * dtype_bytes(dtype) >= target.l1_bytes and 2 * largest_divisor(m_ext, mr) >= mr:
+        # a narrow product with a big A (attention's P.V: 64 columns, P over 1500 keys) would copy all of A
+        # through memory to pad M for a few columns of work per element (54 MB a call on Whisper): rows
+        # that divide M instead
+        mr = largest_divisor(m_ext, mr)
     uk = 1    # see the module docstring: a K unroll bought no speed and costs compile time
     return GemmTiles(mr, vl, nvec, uk, _k_chunk(mr, nvec * vl, uk, k_ext, dtype, target))
 
