@@ -67,8 +67,10 @@ class GemmNormRule(ScheduleRule):
     per lane) is computed once, whole, as a stage in front of the GEMM (``contraction.producer_to_stage``).
     An output axis that no full host vector divides (1500 keys: 4-lane vectors) is zero-padded to whole
     register blocks of full vectors (``contraction.pad_output_axis``); the padding is written by the
-    operand's stage itself, and the norm reads the padded result in place. Tunable: the GEMM's register
-    block is a sampled decision (``contraction.gemm_root_candidates``)."""
+    operand's stage itself, and the norm reads the padded result in place. When the GEMM's second operand
+    stays in cache and its result would not (attention's scores over 1500 keys: 54 MB), the GEMM runs per
+    block of rows under the norm's row loop instead, right before the norm of those rows (``_row_block``).
+    Tunable: the GEMM's register block is a sampled decision (``contraction.gemm_root_candidates``)."""
 
     name = "matmul+norm"
     min_products = 1
@@ -99,7 +101,8 @@ class GemmNormRule(ScheduleRule):
         chain = infos[gi + 1:first_red]
         outs = [pos for pos, b in enumerate(chain) if is_output_block(sch, b.block_rv)]
         # On the host the GEMM runs as its own register-blocked stage over all rows (its weight panel is
-        # reused by every row; per row block it would be re-streamed from memory), then the norm per row.
+        # reused by every row; per row block a weight bigger than the cache would be re-streamed from
+        # memory), then the norm per row; per row block only when the weight panel stays in cache.
         # A residual sum that is also an output must be a stage of its own too (TIR cannot compute an output
         # block per row step between its producer and consumers).
         return self._split_stages(sch, infos, gi, first_red, outs[-1] if outs else -1, target, host, staged)
