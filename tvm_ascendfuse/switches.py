@@ -123,9 +123,7 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "where(isnan(p), 0, p) after softmax(s + mask) dropped when the constant mask keeps a key in every row"),
     SwitchInfo(ATTENTION_KEY_PAD, GRAPH_FUSION,
                "an attention over a key count no 4-lane vector divides (ViT's 197) gets K, V and the score rows "
-               "padded to whole 16-lane vectors, the padded keys masked out (exact); off by default: on Swin-T "
-               "the attention rule mis-schedules a kernel holding V's pad behind its window partition",
-               default_on=False),
+               "padded to whole 16-lane vectors, the padded keys masked out (exact)"),
     SwitchInfo(PACKED_QKV, GRAPH_FUSION,
                "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
                "sibling merge then merges as it does separate projections"),

@@ -106,9 +106,27 @@ def test_pipeline_attention_kernel_takes_the_pads(seq, batch):
     mod = vit_attention(seq, batch=batch)
     on = assert_same_numbers(mod, switches=ON)
     assert on.report.get("AttentionKeyPadFusionPass").effect_times == 1
-    off = assert_same_numbers(mod)                       # off by default
+    assert assert_same_numbers(mod).report.get("AttentionKeyPadFusionPass").effect_times == 1   # on by default
+    off = assert_same_numbers(mod, switches={"AttentionKeyPadFusionPass": "off"})
     kernels = lambda r: sum(k["launches"] for k in r.report.kernels)  # noqa: E731
     assert kernels(on) == kernels(off)
     assert "attention" in on.report.sections["schedules"].values()
     why = [r.get("why", "") for r in on.report.get("CostBasedFusionPass").not_effective]
     assert any("query rows are no whole number" in w for w in why), why
+
+
+def test_window_attention_with_its_window_reverse_through_the_pipeline():
+    """Swin-style: 49 window rows against 49 keys, padded to 64; the window reverse after P·V follows the
+    attention kernel's blocks of query rows (whole image rows of the window), same numbers."""
+    h, d = 3, 16
+
+    def body(bb, q, k, v):
+        s = bb.emit(relax.op.multiply(bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2])))),
+                                      relax.const(d ** -0.5, "float32")))
+        o = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(s, axis=-1)), v))
+        o = bb.emit(relax.op.reshape(o, (1, 2, 2, h, 7, 7, d)))
+        return bb.emit(relax.op.permute_dims(o, [0, 1, 4, 2, 5, 3, 6]))
+
+    result = assert_same_numbers(build(body, (4, h, 49, d), (4, h, 49, d), (4, h, 49, d)))
+    assert result.report.get("AttentionKeyPadFusionPass").effect_times == 1
+    assert "attention" in result.report.sections["schedules"].values()

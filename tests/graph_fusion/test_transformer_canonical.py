@@ -36,6 +36,18 @@ def test_express_refuses_repeats_and_strides():
     src = np.arange(24).reshape(2, 12)
     assert express(src.shape, np.broadcast_to(src[:, None], (2, 2, 12))) is None       # GQA repeat
     assert express(src.shape, src[:, ::2]) is None                                      # not one box
+    assert express(src.shape, src[::-1]) is None                                        # rows reversed
+    assert express(src.shape, np.stack([src[0, 0:6], src[1, 2:8]])) is None             # sheared rows
+    assert express(src.shape, np.stack([src[0, 2:8], src[1, 0:6]])) is None             # corners outside
+
+
+def test_express_keeps_a_head_cut_out_of_a_larger_projection():
+    """The box of one head of one part (its corners give the box) and the part's rows in another order."""
+    src = np.arange(3 * 10 * 24).reshape(3, 10, 24)
+    m = src[1:, :, 8:16].reshape(2, 10, 2, 4).transpose(0, 2, 1, 3)
+    layout = express(src.shape, m)
+    assert layout is not None and layout.box == [(1, 3), (0, 10), (8, 16)]
+    assert np.array_equal(layout.apply_np(src), m)
 
 
 # ---- LayoutChainFusionPass --------------------------------------------------------------------------------

@@ -87,3 +87,43 @@ def test_merged_head_split_panels_per_head():
     assert "p0[" in reads                                  # P·V reads V in the merged projection
     staged = [line for line in lines if "sblock_alloc_buffer" in line and "transpose" in line]
     assert len(staged) == 2, staged                        # Q rows and Kᵀ; no V copy
+
+
+def window_attention_kernel(windows=4, h=3, rows=49, keys=64, d=16, side=7):
+    """Swin-style window attention: each window's ``rows`` = side x side query rows against ``keys`` keys,
+    the output written back as image rows (``reshape`` + ``permute``: the window reverse, an epilogue that
+    does not inline into the P·V block and follows each block of rows instead)."""
+    grid = int(windows ** 0.5)
+
+    def build(q, k, v):
+        o = op.matmul(op.nn.softmax(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), -1), v)
+        o = op.reshape(o, (1, grid, grid, h, side, side, d))
+        return op.permute_dims(o, [0, 1, 4, 2, 5, 3, 6])
+
+    return fused_kernel(build, [(windows, h, rows, d), (windows, h, keys, d), (windows, h, keys, d)])
+
+
+def test_window_reverse_epilogue_gets_whole_image_rows_per_block():
+    """64 keys leave room for 32 of the 49 query rows per block; 32 rows are four image rows and four pixels of
+    the fifth, which the window-reverse epilogue cannot follow exactly (it wrote the rest of that image row
+    from rows the block did not compute). Only row counts the epilogue reads as boxes are used: 7 here."""
+    check_rule(AttentionRule(), window_attention_kernel(), host=NATIVE)
+
+
+def test_exact_row_blocks_of_a_window_reverse():
+    """Blocks of rows of a 7x7 window read by a window reverse: whole image rows (7, 14 with a short last
+    block, 49), pixels within one image row (1), never 2 or 4 (they split image rows at different points) nor
+    32."""
+    from tvm import s_tir
+
+    from tvm_ascendfuse.schedule.row_blocks import exact_row_blocks
+
+    sch = s_tir.Schedule(window_attention_kernel(windows=1, h=1))
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    pv = [b for b in blocks if b.init is not None][-1]            # the last product: P·V
+    for b in blocks[blocks.index(pv) + 1:-1]:                      # the epilogue's reshape, as the rule does
+        sch.compute_inline(sch.get_sblock(b.name_hint))
+    tail = sch.get(sch.get_sblock(blocks[-1].name_hint))
+    buf = pv.writes[0].source
+    assert exact_row_blocks(tail, buf, 2, 49, [49, 32, 14, 7, 4, 2, 1]) == [49, 14, 7, 1]
+    assert exact_row_blocks(pv, tail.writes[0].source, 2, 49, [7]) is None     # does not read it

@@ -341,3 +341,25 @@ def test_channels_a_multiple_of_8_not_16_are_exact(xs, ws, stride, residual, dty
     mod = check_rule(Conv2dRule(), func, host=NATIVE)
     if ws[2] == 1 and host_vector(NATIVE).lanes(dtype) >= 16:
         assert "vl=8, ocr=3" in mod.script()
+
+
+@pytest.mark.parametrize("hw", [2, 3])
+def test_strided_pointwise_conv_to_a_single_pixel(hw):
+    """A 1x1 stride-2 conv whose output is one pixel (ResNet-style downsampling at the end of a small
+    network): the kernel's data read keeps the unit window iterators, so the strided input is not gathered
+    into a smaller plane; the conv rule schedules it (it raised inside the gather before)."""
+    import numpy as np
+    from tvm import relax
+
+    from tests.helpers import assert_same_numbers
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64, hw, hw), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((128, 64, 1, 1)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            o = bb.emit_output(op.nn.relu(op.nn.conv2d(x, w, strides=2)))
+        bb.emit_func_output(o)
+    result = assert_same_numbers(bb.get())
+    assert list(result.report.sections["schedules"].values()) == ["conv2d"]
+    assert not result.report.sections.get("rule_errors")

@@ -42,13 +42,17 @@ def untuned():
     return mod, first
 
 
-def write_record(folder, first, record_target):
+def write_record(folder, first, record_target, decision=None):
     """A "tuned" schedule (any valid trace on the kernel exactly as the schedule phase sees it: the matmul
-    loop made parallel) recorded as measured on ``record_target``. Returns the kernel's name."""
+    loop made parallel) recorded as measured on ``record_target``; with ``decision``, the trace samples a
+    tile candidate first, as a tunable rule's traces do (0: the rule's own default). Returns the kernel's
+    name."""
     seen = relax.transform.AttachAttrLayoutFreeBuffers()(first.fused_module)   # as the schedule phase sees it
     (name, func), = [(gv.name_hint, f) for gv, f in seen.functions.items() if isinstance(f, tirx.PrimFunc)]
     workload_mod = workload_module(use_fast_math(normalize_scope_aliases(func)))
     sch = s_tir.Schedule(workload_mod)
+    if decision is not None:
+        sch.sample_categorical([0, 1], [0.5, 0.5], decision=decision)
     block = sch.get_sblock("matmul")
     sch.parallel(sch.get_loops(block)[0])
     folder.mkdir(parents=True)
@@ -76,6 +80,22 @@ def test_tuned_record_replaces_rule(tmp_path, monkeypatch, untuned):
     assert "T.parallel" in script and "local.UB" not in script      # the record's schedule, not the rule's
     tuning = tuned.report.sections["tuning"]
     assert tuning == {"cpu": cpu, "records": str(tmp_path / "ascend910b" / cpu), "notes": [], "kernels_tuned": 1}
+
+
+@pytest.mark.parametrize("decision, rule", [(1, "tuned"), (0, "matmul")])
+def test_a_record_of_the_rules_own_default_is_left_to_the_rule(tmp_path, monkeypatch, untuned, decision, rule):
+    """The search kept the default (decision 0) as the best record: the rule builds its current default
+    rather than replaying the one recorded, so an improved rule is not masked by an old record."""
+    mod, first = untuned
+    cpu = host_cpu(first.host_target)
+    write_record(tmp_path / "ascend910b" / cpu, first, first.host_target, decision=decision)
+    monkeypatch.setenv(SCHEDULES_ENV, str(tmp_path))
+    result = assert_same_numbers(mod)
+    (kernel, picked), = result.report.sections["schedules"].items()
+    assert picked == rule
+    assert result.report.sections["tuning"]["kernels_tuned"] == (rule == "tuned")
+    notes = result.report.sections.get("schedule_notes", {}).get(kernel, [])
+    assert any("rule's own default" in n for n in notes) == (decision == 0), notes
 
 
 def test_records_for_another_cpu_are_not_applied(tmp_path, monkeypatch, untuned):

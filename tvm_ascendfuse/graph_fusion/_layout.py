@@ -86,6 +86,60 @@ def index_map(graph: FunctionGraph, source, ops: list) -> np.ndarray | None:
     return arr
 
 
+def chain_signature(graph: FunctionGraph, source, ops: list) -> tuple | None:
+    """Everything ``index_map`` of the chain depends on, without the tensors: the source shape and, per op,
+    its kind, result shape and constant arguments. Equal signatures give equal maps (a model's layers repeat
+    the same chains: every Transformer layer its head split and merge), so a map need only be built and
+    expressed once per signature. None when a shape is not static."""
+    shape = static_shape(source)
+    if shape is None:
+        return None
+    parts = [tuple(shape)]
+    for var in ops:
+        out_shape = static_shape(var)
+        if out_shape is None:
+            return None
+        val = graph.value(var)
+        if isinstance(val, relax.TupleGetItem):
+            split = graph.value(val.tuple_value)
+            key = ("split", int(split.attrs.axis), str(split.attrs.indices_or_sections), int(val.index))
+        else:
+            name = op_name(val)
+            if name == "relax.permute_dims":
+                key = (name, None if val.attrs.axes is None else tuple(int_list(val.attrs.axes)))
+            elif name == "relax.strided_slice":
+                args = _slice_args(val)
+                key = (name, None if args is None else tuple(tuple(a) for a in args))
+            elif name == "relax.take":
+                idx = const_ints(graph, val.args[1])
+                key = (name, None if idx is None else (idx.shape, idx.tobytes()), str(val.attrs.axis),
+                       str(val.attrs.mode))
+            else:
+                key = (name,)
+        parts.append((key, tuple(out_shape)))
+    return tuple(parts)
+
+
+# ``express_chain`` results by chain signature
+_CHAINS: OrderedDict = OrderedDict()
+
+
+def express_chain(graph: FunctionGraph, source, ops: list) -> "Layout | None":
+    """``express`` of the chain's ``index_map``, looked up by ``chain_signature`` first: a repeated chain
+    costs neither the index array nor its digest."""
+    sig = chain_signature(graph, source, ops)
+    if sig is not None and sig in _CHAINS:
+        _CHAINS.move_to_end(sig)
+        return _CHAINS[sig]
+    m = index_map(graph, source, ops)
+    layout = None if m is None else express(static_shape(source), m)
+    if sig is not None:
+        _CHAINS[sig] = layout
+        if len(_CHAINS) > EXPRESSED_KEPT:
+            _CHAINS.popitem(last=False)
+    return layout
+
+
 def _apply(graph, var, arr):
     out_shape = static_shape(var)
     if out_shape is None or math.prod(out_shape) > MAX_ELEMENTS:
@@ -261,21 +315,24 @@ def _express(src_shape: tuple, m: np.ndarray) -> Layout | None:
     flat = m.reshape(-1)
     if flat.size == 0 or flat.size > math.prod(src_shape) or _repeats(flat, math.prod(src_shape)):
         return None                                    # repeats elements (a broadcast): not a layout chain
-    # 1. the box of the source the result covers
-    coords = np.unravel_index(flat, src_shape)
-    lo = [int(c.min()) for c in coords]
-    hi = [int(c.max()) + 1 for c in coords]
+    # 1. the box of the source the result covers: in a box, the smallest flat index is its first corner and
+    # the largest its last (strides are positive), so two elements give it; a map that is no box then fails
+    # the size check or the final check below, which compares every element
+    lo = [int(c) for c in np.unravel_index(int(flat.min()), src_shape)]
+    hi = [int(c) + 1 for c in np.unravel_index(int(flat.max()), src_shape)]
     box_shape = tuple(h - l for l, h in zip(lo, hi))
-    if math.prod(box_shape) != flat.size:
+    if min(box_shape) < 1 or math.prod(box_shape) != flat.size:
         return None                                    # not one box (e.g. every other element)
     box = None if box_shape == src_shape else list(zip(lo, hi))
-    local = np.ravel_multi_index(tuple(c - l for c, l in zip(coords, lo)), box_shape).reshape(m.shape)
-    # 2. each result axis as strided factors of the box's flat index
+    # 2. each result axis as strided factors of the box's flat index, read off one line of the map along it
     refined = []                                       # (result axis, size, stride), outer to inner
     for a, n in enumerate(m.shape):
         if n == 1:
             continue
-        line = np.moveaxis(local, a, 0).reshape(n, -1)[:, 0]
+        coords = np.unravel_index(m[tuple(slice(None) if i == a else 0 for i in range(m.ndim))], src_shape)
+        if any(int(c.min()) < l or int(c.max()) >= h for c, l, h in zip(coords, lo, hi)):
+            return None
+        line = np.ravel_multi_index(tuple(c - l for c, l in zip(coords, lo)), box_shape)
         line = line - line[0]
         factors = _factors(line)
         if factors is None:
@@ -316,8 +373,13 @@ def _express(src_shape: tuple, m: np.ndarray) -> Layout | None:
     if permute is None and reshape is not None and reshape == box_shape:
         reshape = None
     layout = Layout(src_shape, box, reshape, permute, final)
-    src = np.arange(math.prod(src_shape), dtype=np.int64).reshape(src_shape)
-    got = layout.apply_np(src)
+    # the check: the chain applied to the source's flat indices gives the map (built for the box only: the
+    # slice of a head out of a merged projection need not index the whole projection)
+    strides = [math.prod(src_shape[a + 1:]) for a in range(len(src_shape))]
+    cut = np.zeros(box_shape, dtype=np.int64)
+    for a, (l, h) in enumerate(zip(lo, hi)):
+        cut += (np.arange(l, h, dtype=np.int64) * strides[a]).reshape([-1 if b == a else 1 for b in range(len(lo))])
+    got = Layout(box_shape, None, reshape, permute, final).apply_np(cut)
     if got.shape != m.shape or not np.array_equal(got, m):
         return None
     return layout

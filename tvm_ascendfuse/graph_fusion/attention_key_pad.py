@@ -18,9 +18,9 @@ than exp's range, so its probability is exactly 0; a row keeps its n real keys, 
 probabilities are those of the unpadded row; the padded V rows are zeros times zero probability.
 Key counts a 4-lane vector divides (Whisper's 1500) and short rows are left alone.
 
-Off by default (``switches``): through the pipeline, one of Swin-T's window attentions (V's head split behind
-the window partition, V's pad in the attention kernel) came out of the attention rule wrong, though the
-pass alone is exact on that model.
+The attention kernel takes the pads into its operand copies. With more keys per row, fewer query rows fit
+a block of scores: Swin-T's 49 window rows against 64 padded keys get blocks of 7 rows, the count its
+window-reverse epilogue follows exactly (``schedule/row_blocks.py``).
 """
 
 from __future__ import annotations

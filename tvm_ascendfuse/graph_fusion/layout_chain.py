@@ -21,8 +21,8 @@ are compared with numpy). Intermediates with other readers stay for them.
 from __future__ import annotations
 
 from ..switches import LAYOUT_CHAIN as NAME
-from ._graph import GraphRewritePass, Rewrite, op_name, static_shape
-from ._layout import chain_to, express, index_map, is_layout
+from ._graph import GraphRewritePass, Rewrite, op_name
+from ._layout import chain_to, express_chain, is_layout
 
 _CANONICAL = ("relax.reshape", "relax.permute_dims", "relax.strided_slice")
 
@@ -46,10 +46,7 @@ class LayoutChainFusionPass(GraphRewritePass):
         src, ops = chain_to(graph, var, stop=lambda v: not chain_op(graph, v))
         if not ops:
             return None
-        m = index_map(graph, src, ops)
-        if m is None:
-            return None
-        layout = express(static_shape(src), m)
+        layout = express_chain(graph, src, ops)
         if layout is None:
             return None
         odd = any(op_name(graph.value(v)) not in _CANONICAL for v in ops)

@@ -24,6 +24,7 @@ from .common import (block_infos, blocks_under, buffer_bytes, extent, innermost_
                      num_cores, ok, root_blocks, still_exists, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction
 from .partial_sums import vectorize_rf
+from .row_blocks import exact_row_blocks
 
 
 class AttentionRule(ScheduleRule):
@@ -124,6 +125,16 @@ class AttentionRule(ScheduleRule):
         cores = num_cores(host)
         while rb > 4 and isinstance(sq, int) and batch * math.ceil(sq / rb) < 2 * cores:
             rb //= 2
+        if tail is not None:
+            # the epilogue follows each block of rows (reverse_compute_at): only blocks it reads as boxes of
+            # its own iterations are exact (``row_blocks``); the largest such count up to rb
+            c2_buf = sch.get(c2.block_rv).writes[0].source
+            exact = exact_row_blocks(sch.get(tail), c2_buf, nb, sq_static, range(rb, 0, -1))
+            if not exact:
+                return None
+            fits_rows, rb = fits, exact[0]
+            fits = lambda rows: fits_rows(rows) and bool(  # noqa: E731
+                exact_row_blocks(sch.get(tail), c2_buf, nb, sq_static, [rows]))
         rb = self.choose(sch, rb, lambda: row_block_candidates(rb, sq_static, fits))
         for blk in staged:
             if not is_output_block(sch, blk):

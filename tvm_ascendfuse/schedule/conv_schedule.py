@@ -424,6 +424,11 @@ def _subsample_strided_pointwise(sch, conv, info: ConvBlock, pro, out_hw):
     d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
     if w_shape[2:] != [1, 1] or len(pads) != 1 or None in d_shape or d_shape[2:] == list(out_hw):
         return None
+    # the gathered buffer is laid out (n, y, x, c) below: reindex folds the unit kernel-window iterators into
+    # y and x only when those are not unit too (a one-pixel output row or column keeps them as axes of their
+    # own), so such an output is left strided (it is a few pixels)
+    if min(out_hw) < 2:
+        return None
     rb = sch.reindex(conv, ("read", info.data_read))
     sch.transform_layout(rb, ("write", 0), lambda n, y, x, c: (n, c, y, x))
     ok(sch.compute_inline, pads[0])

@@ -6,7 +6,8 @@ The database lives in ``schedules/<target name>/<cpu>/`` (``database_workload.js
 ``ASCENDFUSE_SCHEDULES``. ``<cpu>`` is the LLVM CPU the kernels are built for (the host target's ``mcpu``,
 e.g. ``znver4``; ``generic`` for ``--portable`` builds): a record holds that CPU's vector widths and register
 blocks, so records for another CPU are not applied, and the report's ``tuning`` section says which were left
-out. A workload is a kernel as the schedule phase sees it (after FuseTIR and the fast-math rewrite), so
+out. A best record that is the rule's own default (tile decision 0) is not replayed: the rule builds its
+current default. A workload is a kernel as the schedule phase sees it (after FuseTIR and the fast-math rewrite), so
 records tuned on these kernels match them structurally; kernels without a record keep the rules.
 """
 
@@ -130,16 +131,32 @@ class TunedRecordRule(ScheduleRule):
                     break
             else:
                 return None
+        record = self.database.query_tuning_record(workload, target=host, workload_name="main")
+        if record is None:
+            return None
         if self.cpu is not None:
-            record = self.database.query_tuning_record(workload, target=host, workload_name="main")
-            if record is None:
-                return None
             tuned_for = host_cpu(record.target)
             if tuned_for != self.cpu:
                 return Declined(f"the record was tuned for CPU '{tuned_for}', this build is for "
                                 f"'{self.cpu}': not applied")
+        if tile_decision(record) == DEFAULT_DECISION:
+            # The search found nothing faster than the rule's own choice. Replaying that trace would freeze
+            # the rule as it was when the record was made; the rule builds its current default instead, so
+            # an improved rule is not masked by records that merely confirmed the old one.
+            return Declined("the best record is the rule's own default: the rule schedules the kernel")
         sch = self.database.query_schedule(workload, target=host, workload_name="main")
         return None if sch is None else Scheduled(finish_traced(sch))
+
+
+DEFAULT_DECISION = 0      # the tile decision of a rule's own choice (``tunable``: the rule's default first)
+
+
+def tile_decision(record) -> int | None:
+    """Index of the tile candidate a record sampled (0: the rule's default), None without a decision."""
+    for inst, decision in record.trace.decisions.items():
+        if inst.kind.name == "SampleCategorical":
+            return int(decision)
+    return None
 
 
 def finish_traced(sch):

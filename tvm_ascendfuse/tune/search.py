@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from ..schedule.tuned import tile_decision
 from ..target import AscendTarget
 from .kernels import Kernel
 from .measure import args_of
@@ -190,14 +191,6 @@ def record_us(record) -> float | None:
     if not secs or any(s >= 1e9 for s in secs):         # MetaSchedule marks failed runs with 1e10
         return None
     return 1e6 * sum(secs) / len(secs)
-
-
-def tile_decision(record) -> int | None:
-    """Index of the tile candidate a record sampled (0: the rule's default), None without a decision."""
-    for inst, decision in record.trace.decisions.items():
-        if inst.kind.name == "SampleCategorical":
-            return int(decision)
-    return None
 
 
 def tiles_note(record) -> str:
