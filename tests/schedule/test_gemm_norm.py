@@ -103,3 +103,91 @@ def test_pooled_norm_after_the_gemm_computed_once(dims):
     shapes, build = convnext_head(*dims)
     mod = check_rule(GemmNormRule(), fused_kernel(build, shapes))
     assert _redundancy(mod) <= 2, _redundancy(mod)
+
+
+def scores_from_packed_qkv(heads, d, s):
+    """Attention scores + softmax with Kᵀ cut inside the kernel from a packed Q|K|V projection (Whisper's
+    encoder: 1500 keys): strided_slice -> reshape into heads -> transpose -> matmul -> softmax."""
+    shapes = [(heads, s, d), (1, s, 3 * heads * d)]
+
+    def build(q, qkv):
+        k = op.strided_slice(qkv, axes=[2], begin=[heads * d], end=[2 * heads * d])
+        kt = op.permute_dims(op.reshape(k, (s, heads, d)), [1, 2, 0])
+        return op.nn.softmax(op.matmul(q, kt), -1)
+    return shapes, build
+
+
+def _gemm_vector_widths(mod):
+    """Lane counts of the vector loops that run the product's register block (its update block)."""
+    from tvm import tirx
+
+    widths = []
+
+    def visit(stmt, vec):
+        if isinstance(stmt, tirx.For):
+            lanes = int(stmt.extent) if stmt.kind == tirx.ForKind.VECTORIZED else vec
+            visit(stmt.body, lanes)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for x in stmt.seq:
+                visit(x, vec)
+        elif hasattr(stmt, "block") and hasattr(stmt.block, "iter_vars"):
+            blk = stmt.block
+            if blk.name_hint.startswith("matmul") and not blk.name_hint.endswith("_init") and vec is not None \
+                    and any(iv.iter_type == tirx.IterVar.CommReduce for iv in blk.iter_vars):
+                widths.append(vec)
+            visit(blk.body, None if blk.name_hint == "root" else vec)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body, vec)
+    visit(mod["main"].body, None)
+    return widths
+
+
+def _stage_shapes(mod):
+    """Shapes of the buffers the kernel allocates at its root: the staged (padded) Kᵀ is one of them."""
+    return [tuple(int(d) for d in b.shape) for b in mod["main"].body.block.alloc_buffers]
+
+
+@pytest.mark.parametrize("host,heads,d,s", [(NATIVE, 2, 16, 60), (NATIVE, 1, 8, 100), (None, 2, 8, 50),
+                                            (NATIVE, 2, 16, 64)])
+def test_scores_from_packed_projection(host, heads, d, s):
+    """Kᵀ is staged once, whole ([heads, d, keys]: 64 keys), zero-padded to full vectors when no full vector
+    divides the key count (60, 100, 50); the product's register block runs on full host vectors."""
+    from tvm_ascendfuse.schedule.common import vector_lanes
+
+    from .kernels import HOST
+
+    host = host or HOST
+    lanes = vector_lanes(host, 32)
+    shapes, build = scores_from_packed_qkv(heads, d, s)
+    mod = check_rule(GemmNormRule(), fused_kernel(build, shapes), host=host)
+    stages = [sh for sh in _stage_shapes(mod) if sh[:2] == (heads, d)]
+    assert len(stages) == 1 and stages[0][2] % lanes == 0 and s <= stages[0][2] < s + 2 * lanes, _stage_shapes(mod)
+    widths = _gemm_vector_widths(mod)
+    assert widths and all(w == lanes for w in widths), widths
+
+
+def _root_loop_of(mod, prefix):
+    """Index of the root-level statement (loop nest) holding the first block named ``prefix``..."""
+    import tvm_ffi
+    from tvm import s_tir, tirx
+
+    body = mod["main"].body.block.body
+    seq = body.seq if isinstance(body, tirx.SeqStmt) else [body]
+    for pos, stmt in enumerate(seq):
+        names = []
+        tvm_ffi.structural_walk(stmt, (s_tir.SBlockRealize, lambda r: names.append(r.block.name_hint)), order="pre")
+        if any(n.startswith(prefix) for n in names):
+            return pos
+    return None
+
+
+def test_scores_computed_per_row_block_before_their_softmax():
+    """Scores bigger than the cache (2 x 300 x 320 x 4 B > 512 KiB of L1) with a Kᵀ panel that fits: the
+    product is computed per block of rows right before the softmax of those rows (one loop nest), so the
+    scores never round-trip through memory; numerically the same as the unscheduled kernel."""
+    shapes, build = scores_from_packed_qkv(2, 16, 300)
+    mod = check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)
+    assert _root_loop_of(mod, "matmul") == _root_loop_of(mod, "T_softmax_norm") is not None
+    assert all(w == 16 for w in _gemm_vector_widths(mod))
+    staged = check_rule(GemmNormRule(row_blocks=False), fused_kernel(build, shapes), host=NATIVE)
+    assert _root_loop_of(staged, "matmul") != _root_loop_of(staged, "T_softmax_norm")

@@ -366,3 +366,22 @@ def test_gemm_chain_is_declined_but_attention_is_taken():
         return op.matmul(op.nn.softmax(op.matmul(q, op.permute_dims(k, [0, 2, 1])), axis=-1), v)
 
     check_rule(MatmulRule(), fused_kernel(attention, [(2, 7, 8), (2, 7, 8), (2, 7, 8)]))
+
+
+def test_narrow_product_takes_rows_dividing_m_instead_of_padding_a():
+    """P.V over keys the register block's 8 rows do not divide (375 here, Whisper: 1500) with 64 output
+    columns and a P bigger than L1: P is not copied into an M-padded buffer (54 MB per call on Whisper);
+    the register block takes 5 rows, which divide M. Exact vs the unscheduled kernel. A small A still gets
+    its M tail padded (``test_tunable``: 12 rows)."""
+    heads, d, seq = 1, 64, 375
+
+    def build(p, qkv):
+        v = op.strided_slice(qkv, axes=[2], begin=[2 * heads * d], end=[3 * heads * d])
+        return op.matmul(p, op.permute_dims(op.reshape(v, (1, seq, heads, d)), [0, 2, 1, 3]))
+
+    mod = check_rule(MatmulRule(), fused_kernel(build, [(1, heads, seq, seq), (1, seq, 3 * heads * d)]), host=NATIVE)
+    shapes = [tuple(int(x) for x in b.shape) for b in mod["main"].body.block.alloc_buffers]
+    assert not any(len(s) == 4 and s[1] == heads and s[2] > seq for s in shapes), shapes
+    npu = get_target("ascend910b")
+    assert choose_tiles(seq, d, seq, "float32", HostVector(512, 32, 2), npu).mr == 5
+    assert choose_tiles(60, d, 60, "float32", HostVector(512, 32, 2), npu).mr == 8

@@ -155,3 +155,42 @@ def test_ln_over_channels_odd_shapes_and_real_sizes():
         shapes, build = ln_over_channels(c, h, w)
         mod = check_rule(ReductionRule(), fused_kernel(build, shapes), host=NATIVE)
         assert kernel_usage("k", mod["main"], NPU).bytes("local.UB") <= NPU.ub_usable
+
+
+def _vector_lanes_by_block(mod):
+    """{block name: lanes of the vectorised loops it runs under}."""
+    from tvm import s_tir
+
+    found = {}
+
+    def visit(stmt, lanes):
+        if isinstance(stmt, tirx.For):
+            visit(stmt.body, int(stmt.extent) if stmt.kind == tirx.ForKind.VECTORIZED else lanes)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for x in stmt.seq:
+                visit(x, lanes)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            if lanes is not None:
+                found.setdefault(stmt.block.name_hint, set()).add(lanes)
+            visit(stmt.block.body, lanes)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body, lanes)
+    visit(mod["main"].body, None)
+    return found
+
+
+@pytest.mark.parametrize("keys", [100, 1500])
+def test_rows_no_full_vector_divides(keys):
+    """Softmax over 100 / 1500 keys (no 16-lane vector divides them; 4 does): the exponentials and the
+    normalised row run as full vectors plus one shorter tail vector, the row maxima and sums as partials of
+    20 / 60 lanes (a divisor of the row, several full vectors wide), not as 4-lane vectors."""
+    from tvm_ascendfuse.schedule.reduction import partials_width
+
+    mod = check_rule(ReductionRule(), fused_kernel(lambda x: op.nn.softmax(x, -1), [(3, keys)]), host=NATIVE)
+    lanes = _vector_lanes_by_block(mod)
+    exp = set().union(*(v for k, v in lanes.items() if k.startswith("T_softmax_exp")))
+    norm = set().union(*(v for k, v in lanes.items() if k.startswith("T_softmax_norm")))
+    assert 16 in exp and 16 in norm and keys % 16 in exp, lanes
+    width = partials_width(keys, 16)
+    assert width == {100: 20, 1500: 60}[keys]
+    assert lanes.get("T_softmax_maxelem_rf_update") == {width}, lanes

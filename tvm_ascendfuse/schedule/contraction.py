@@ -10,12 +10,15 @@ order ``j0, i0, k, i1, j1, j2``: the ``K × nr`` panel of B is reused by every r
 
 from __future__ import annotations
 
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
+from .analysis import has_reduce
 from .base import UB_SCOPE
-from .common import extent, get_realize, innermost_vector, largest_divisor, ok, try_, vector_width_for
+from .common import (extent, get_realize, innermost_vector, is_output_block, largest_divisor, ok, root_blocks,
+                     transitive_producers, try_, vector_width_for)
 from .layout import mark_prepack, packable_param
+from .strides import accesses, stride
 
 ACCUMULATORS = 16     # vector registers for a register block's partial sums (half of AVX-512's 32)
 
@@ -104,12 +107,13 @@ def gemm_root_candidates(default: tuple[int, int], i_ext, j_ext: int, v: int,
     return out
 
 
-def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 16, choose=None) -> bool:
+def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 16, choose=None, under=None) -> bool:
     """A whole GEMM at the root of its kernel (K1 recipe, field guide §10): loops ``j0, i0, k0, i1, j1,
     j2``, an ``mr × nr`` accumulator tile in ``local.UB`` (registers on the host) written back per
     micro-tile, parallel over the column panels. False when the block is not a plain
     product with a static, vectorisable output axis. ``choose(sch, default, candidates)``: a tunable rule's
-    tile decision over ``gemm_root_candidates`` (see ``base.ScheduleRule.choose``)."""
+    tile decision over ``gemm_root_candidates`` (see ``base.ScheduleRule.choose``). ``under``: the loop the
+    block was computed at (a row block of its consumer); only the block's own loops below it are reordered."""
     stmt = sch.get(block)
     kinds = [iv.iter_type for iv in stmt.iter_vars]
     red = [i for i, k in enumerate(kinds) if k == tirx.IterVar.CommReduce]
@@ -138,6 +142,8 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
     loops = sch.get_loops(block)
     names = [sch.get(l).loop_var.name for l in loops]
     outer = loops[:names.index(sch.get(i_loop).loop_var.name)]
+    if under is not None:
+        outer = outer[[sch.get(x).same_as(sch.get(under)) for x in outer].index(True) + 1:]
     i0, i1 = sch.split(i_loop, [None, mr])
     j0, j1, j2 = sch.split(j_loop, [None, nvec, v])
     k0 = k_loop  # not unrolled: by 4 ran no faster and cost LLVM time (most on a GEMM + LayerNorm kernel)
@@ -226,3 +232,89 @@ def tile_product(sch, block, mr, nvec, v, whole):
         if init is not None:
             innermost_vector(sch, init, v)
     return i0
+
+
+# ---- operands a GEMM should not read through its producers' index arithmetic ----------------------------
+def producer_to_stage(sch, pro, operand, inline, reads_well):
+    """The block of ``pro`` (the GEMM's prologue blocks) writing buffer ``operand`` when the GEMM would read
+    that operand badly with the block's injective producer chain inlined into it, else None.
+
+    ``inline(probe, probe_pro)`` inlines a prologue the way the calling rule does, ``reads_well(probe)`` says
+    whether the GEMM of the result still reads well (the matmul rule: plain indices; the GEMM + norm rule:
+    contiguous along the vectorised output axis, ``contiguous_along_output``). Decided on a scratch schedule
+    of the same function, so ``sch`` (possibly traced) is only changed by the primitives the rule then
+    applies. A producer chain holding a reduction (a LayerNorm) is the rule's prologue stage, never this."""
+    blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(operand)), None)
+    if blk is None or any(has_reduce(sch, p) for p in [blk, *transitive_producers(sch, blk)]):
+        return None
+    probe = s_tir.Schedule(sch.mod)
+    names = {sch.get(b).name_hint for b in pro}
+    probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
+    try:
+        inline(probe, probe_pro)
+    except s_tir.ScheduleError:
+        return blk              # the prologue does not even inline on its own: stage the producer
+    return None if reads_well(probe) else blk
+
+
+def contiguous_along_output(sch, block) -> bool:
+    """Does every load of the product ``block`` move by 0 or 1 element per step of its output axis (its last
+    spatial iterator, the axis the register block vectorises)? A transposed operand cut from a packed
+    projection (attention's Kᵀ sliced from Q|K|V, reshaped into heads and transposed: ``QKV[0, j, 384 + h *
+    64 + k]``) moves by the projection's width instead: one gather per lane."""
+    stmt = sch.get(block)
+    spatial = [i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type == tirx.IterVar.DataPar]
+    loop = loops_by_iter(sch, block).get(spatial[-1]) if spatial else None
+    if loop is None:
+        return True
+    var = sch.get(loop).loop_var
+    return all(stride(a, var) in (0, 1) for a in accesses(sch, block) if not a.write)
+
+
+def inline_operand_chain(sch, stage) -> None:
+    """Inline the injective producers of a staged operand block into it (nearest first): the stage then
+    gathers from the kernel's parameters in one pass and writes the operand in the order the GEMM reads."""
+    for p in reversed(transitive_producers(sch, stage)):
+        if not is_output_block(sch, p):
+            try_(sch.compute_inline, p)
+
+
+def pad_output_axis(sch, block, lanes: int, accumulators: int = ACCUMULATORS) -> list | None:
+    """Zero-pad a product's output axis to whole register blocks of full host vectors when no full vector
+    divides it (``pad_einsum``): 1500 keys take 4-lane vectors (1500 = 4 x 375), padded to 1504 they take 47
+    register blocks of 2 x 16 lanes. The operands indexed by that axis get padding blocks in front of the product (the
+    returned list: the caller inlines an operand's staged producer into its padding block and schedules it),
+    and the padded result is cropped into its consumers (the crop inlined into them, so nothing is copied).
+    None (nothing changed) when a full vector already divides the axis, the axis is shorter than two
+    vectors, the product writes a kernel output (its crop would be a copy of the whole result), or its
+    reads are not plain indices (pad_einsum's requirement)."""
+    stmt = sch.get(block)
+    spatial = [i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type == tirx.IterVar.DataPar]
+    red = [i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(red) != 1 or len(spatial) < 2 or is_output_block(sch, block):
+        return None
+    by_iter = loops_by_iter(sch, block)
+    i_loop, j_loop = by_iter.get(spatial[-2]), by_iter.get(spatial[-1])
+    if i_loop is None or j_loop is None:
+        return None
+    i_ext, j_ext = extent(sch, i_loop), extent(sch, j_loop)
+    if j_ext is None or j_ext < 2 * lanes or vector_width_for(j_ext, lanes) == lanes:
+        return None
+    vecs = -(-j_ext // lanes)
+    _, nvec = micro_tile(i_ext, vecs * lanes, lanes, accumulators)
+    # whole register blocks (nvec vectors) when that pads at most an eighth more, else whole vectors (the
+    # register block is then one vector wide)
+    whole = -(-vecs // nvec) * nvec
+    padding = [1] * len(stmt.iter_vars)
+    padding[spatial[-1]] = (nvec if (whole - vecs) * 8 <= vecs else 1) * lanes
+    name = stmt.name_hint
+    before = {sch.get(b).name_hint for b in root_blocks(sch)}
+    if not ok(sch.pad_einsum, block, padding):
+        return None
+    blocks = list(root_blocks(sch))
+    names = [sch.get(b).name_hint for b in blocks]
+    at = names.index(name)
+    for b, nm in zip(blocks[at + 1:], names[at + 1:]):
+        if nm not in before:
+            try_(sch.compute_inline, b)         # the crop: its consumers read the padded result directly
+    return [b for b, nm in zip(blocks[:at], names[:at]) if nm not in before]

@@ -32,13 +32,18 @@ from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_product, reduction_kinds
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
-from .common import (as_target, extent, is_output_block, ok, parallel_vector, root_blocks, still_exists,
-                     tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
+from .common import (as_target, extent, is_output_block, largest_divisor, ok, parallel_vector, root_blocks,
+                     still_exists, tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
+from .contraction import producer_to_stage
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
 from .partial_sums import vector_partial_sums
 
+
+# Output columns up to which padding M (a copy of all of A, when A does not fit the cache) costs more than a
+# register block of fewer rows.
+NARROW_N = 128
 
 @dataclass(frozen=True)
 class GemmTiles:
@@ -73,6 +78,12 @@ def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: Ascend
     mr = max(1, min(8, acc // nvec))
     if m_ext is not None:
         mr = min(mr, m_ext)
+    if m_ext is not None and n_ext is not None and k_ext is not None and m_ext % mr and n_ext <= NARROW_N \
+            and m_ext * k_ext * dtype_bytes(dtype) >= target.l1_bytes and 2 * largest_divisor(m_ext, mr) >= mr:
+        # a narrow product with a big A (attention's P.V: 64 columns, P over 1500 keys) would copy all of A
+        # through memory to pad M for a few columns of work per element (54 MB a call on Whisper): rows
+        # that divide M instead
+        mr = largest_divisor(m_ext, mr)
     uk = 1    # see the module docstring: a K unroll bought no speed and costs compile time
     return GemmTiles(mr, vl, nvec, uk, _k_chunk(mr, nvec * vl, uk, k_ext, dtype, target))
 
@@ -336,22 +347,12 @@ def _producer_to_stage(sch, pro, info: GemmBlock, operand):
     """The block writing GEMM operand ``operand`` (``info.a_buf`` or ``info.b_buf``) when inlining its
     injective producers would leave the GEMM without plain indices for it, else None: A behind a head-merge
     transpose + reshape (``A[m, k] = X[k // d, m, k % d]``), B = V of P.V sliced from a packed projection and
-    split into heads.
-
-    Decided on a scratch schedule of the same function, so ``sch`` (possibly traced) is only changed by
-    the primitives the rule then applies. A producer chain holding a reduction (LayerNorm) is left to
-    ``schedule_prologue``."""
-    blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(operand)), None)
-    if blk is None or any(has_reduce(sch, p) for p in [blk, *transitive_producers(sch, blk)]):
-        return None
-    probe = s_tir.Schedule(sch.mod)
-    names = {sch.get(b).name_hint for b in pro}
-    probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
-    try:
-        schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), sch.get(info.block).name_hint)
-    except s_tir.ScheduleError:
-        return blk              # the prologue does not even schedule on its own: stage the producer
-    return None if find_gemm(probe) is not None else blk
+    split into heads (``contraction.producer_to_stage``: decided on a scratch schedule)."""
+    gemm_name = sch.get(info.block).name_hint
+    return producer_to_stage(
+        sch, pro, operand,
+        lambda probe, probe_pro: schedule_prologue(probe, probe_pro, HostVector(128, 16, 1), gemm_name),
+        lambda probe: find_gemm(probe) is not None)
 
 
 def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarget) -> int:

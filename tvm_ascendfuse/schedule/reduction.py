@@ -13,18 +13,23 @@ from __future__ import annotations
 import math
 import re
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .analysis import is_contraction, leading_spatial
 from .base import UB_SCOPE, ScheduleRule, Scheduled
 from .common import (block_infos, blocks_under, buffer_bytes, extent, get_realize, innermost_vector, is_output_block,
-                     largest_divisor, loops_through, num_cores, ok, root_blocks, try_, vector_lanes, vector_width_for)
-from .contraction import schedule_contraction, schedule_gemm_root
+                     largest_divisor, loops_through, num_cores, ok, parallel_vector, root_blocks,
+                     transitive_producers, try_, vector_lanes, vector_storable, vector_width_for)
+from .contraction import (contiguous_along_output, inline_operand_chain, micro_tile, pad_output_axis,
+                          producer_to_stage, schedule_contraction, schedule_gemm_root)
 from .injective import tile_injective
 from .partial_sums import vectorize_rf
 
 MIN_PARALLEL_ELEMENTS = 16384
+
+_annotate_access = tvm_ffi.get_global_func("s_tir.schedule.ScheduleAnnotateBufferAccess")
 
 
 class ReductionRule(ScheduleRule):
@@ -52,20 +57,60 @@ class ReductionRule(ScheduleRule):
 
 class GemmNormRule(ScheduleRule):
     """One GEMM (+ injective epilogue: bias, residual) whose output feeds row reductions: matmul + bias +
-    residual + LayerNorm/RMSNorm in one kernel. The GEMM runs as its own register-blocked stage over all rows
-    (``contraction.schedule_gemm_root``), then the norm one row at a time with the row being normalised in
-    UB; a residual sum that is also an output is a stage of its own between them. Tunable: the GEMM's
-    register block is a sampled decision (``contraction.gemm_root_candidates``)."""
+    residual + LayerNorm/RMSNorm in one kernel, or attention's scores + softmax. The GEMM runs as its own
+    register-blocked stage over all rows (``contraction.schedule_gemm_root``), then the norm one row at a
+    time with the row being normalised in UB; a residual sum that is also an output is a stage of its own
+    between them.
+
+    Two operand steps come first. An operand whose producers, inlined, would make the GEMM read it with a
+    stride along the vectorised output axis (attention's Kᵀ cut from a packed Q|K|V projection: one gather
+    per lane) is computed once, whole, as a stage in front of the GEMM (``contraction.producer_to_stage``).
+    An output axis that no full host vector divides (1500 keys: 4-lane vectors) is zero-padded to whole
+    register blocks of full vectors (``contraction.pad_output_axis``); the padding is written by the
+    operand's stage itself, and the norm reads the padded result in place. When the GEMM's second operand
+    stays in cache and its result would not (attention's scores over 1500 keys: 54 MB), the GEMM runs per
+    block of rows under the norm's row loop instead, right before the norm of those rows (``_row_block``).
+    Tunable: the GEMM's register block is a sampled decision (``contraction.gemm_root_candidates``)."""
 
     name = "matmul+norm"
     min_products = 1
     tunable = True      # the GEMM's register block: ``tiles`` chooser (base.ScheduleRule)
+
+    def __init__(self, tiles=None, row_blocks: bool = True):
+        """``row_blocks``: compute the GEMM per block of rows right before the norm of those rows when its
+        whole second operand stays in cache (``_row_block``); False: always as a stage over all rows."""
+        super().__init__(tiles)
+        self.row_blocks = row_blocks
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         return self.schedule(s_tir.Schedule(func), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
+        found = self._shape(sch)
+        if found is None:
+            return None
+        lanes = vector_lanes(host, 32)
+        staged = self._stage_operands(sch, found[0], found[1], lanes)
+        if staged:
+            found = self._shape(sch)       # the blocks changed: read them again
+            if found is None:
+                return None
+        infos, gi, first_red = found
+        # bias/residual chain: all but its last block inlined; the last (the normalised tensor) is staged
+        chain = infos[gi + 1:first_red]
+        outs = [pos for pos, b in enumerate(chain) if is_output_block(sch, b.block_rv)]
+        # On the host the GEMM runs as its own register-blocked stage over all rows (its weight panel is
+        # reused by every row; per row block a weight bigger than the cache would be re-streamed from
+        # memory), then the norm per row; per row block only when the weight panel stays in cache.
+        # A residual sum that is also an output must be a stage of its own too (TIR cannot compute an output
+        # block per row step between its producer and consumers).
+        return self._split_stages(sch, infos, gi, first_red, outs[-1] if outs else -1, target, host, staged)
+
+    @staticmethod
+    def _shape(sch):
+        """(block infos, index of the GEMM, index of the first row reduction after it), or None when the
+        kernel is not one GEMM + injective chain + row reductions."""
         infos = block_infos(sch)
         if not infos:
             return None
@@ -78,20 +123,50 @@ class GemmNormRule(ScheduleRule):
             return None
         if any(not b.is_injective() for b in infos[gi + 1:first_red]):
             return None
-        # bias/residual chain: all but its last block inlined; the last (the normalised tensor) is staged
-        chain = infos[gi + 1:first_red]
-        outs = [pos for pos, b in enumerate(chain) if is_output_block(sch, b.block_rv)]
-        # On the host the GEMM runs as its own register-blocked stage over all rows (its weight panel is
-        # reused by every row; per row block it would be re-streamed from memory), then the norm per row.
-        # A residual sum that is also an output must be a stage of its own too (TIR cannot compute an output
-        # block per row step between its producer and consumers).
-        return self._split_stages(sch, infos, gi, first_red, outs[-1] if outs else -1, target, host)
+        return infos, gi, first_red
 
-    def _split_stages(self, sch, infos, gi, first_red, last_out, target, host):
+    @staticmethod
+    def _stage_operands(sch, infos, gi, lanes) -> set[str]:
+        """Stage the operands the GEMM would read strided along its vector axis, pad that axis to full
+        vectors; the names of the blocks now computed in front of the GEMM (not to be inlined)."""
+        gemm = infos[gi].block_rv
+        gemm_name = sch.get(gemm).name_hint
+        pro = [b.block_rv for b in infos[:gi]]
+        staged = {}                                         # operand buffer name -> stage block name
+        for region in sch.get(gemm).reads:
+            if region.source.same_as(sch.get(gemm).writes[0].source):
+                continue
+
+            def inline(probe, probe_pro, operand=region.source):
+                mine = [b for b in probe_pro if probe.get(b).writes
+                        and probe.get(b).writes[0].source.name == operand.name]
+                for b in mine:
+                    for p in reversed([*transitive_producers(probe, b), b]):
+                        if not is_output_block(probe, p):
+                            probe.compute_inline(p)
+
+            blk = producer_to_stage(sch, pro, region.source, inline,
+                                    lambda probe: contiguous_along_output(probe, probe.get_sblock(gemm_name)))
+            if blk is not None and not is_output_block(sch, blk):
+                inline_operand_chain(sch, blk)
+                staged[region.source.name] = sch.get(blk).name_hint
+        pads = pad_output_axis(sch, sch.get_sblock(gemm_name), lanes) or []
+        names = set(staged.values())
+        for pad in pads:
+            # the operand's stage writes the padded operand itself: gather, pad and lay out in one pass
+            src = {r.source.name for r in sch.get(pad).reads}
+            for operand in src & set(staged):
+                if ok(sch.compute_inline, sch.get_sblock(staged[operand])):
+                    names.discard(staged[operand])
+            names.add(sch.get(pad).name_hint)
+        return names
+
+    def _split_stages(self, sch, infos, gi, first_red, last_out, target, host, staged):
         gemm = infos[gi]
         chain = infos[gi + 1:first_red]
+        stages = [b for b in infos[:gi] if b.name in staged]
         for b in infos[:gi] + chain[:max(0, last_out)]:          # in front of the residual output
-            if not is_output_block(sch, b.block_rv):
+            if not is_output_block(sch, b.block_rv) and b.name not in staged:
                 ok(sch.compute_inline, b.block_rv)
         also = []
         rest = chain[last_out + 1:]
@@ -99,13 +174,21 @@ class GemmNormRule(ScheduleRule):
             if pos == len(rest) - 1 or not ok(sch.compute_inline, b.block_rv):
                 ok(sch.set_scope, b.block_rv, 0, UB_SCOPE)      # the row being normalised, per row in UB
                 also.append(b.name)
-        done, rows_note = schedule_rows(sch, infos[first_red:], target, host, also=also)
+        lanes = vector_lanes(host, 32)
+        rb = self._row_block(sch, gemm.block_rv, infos[first_red:], lanes, target) \
+            if self.row_blocks and last_out < 0 and not also else 1
+        done, rows_note = schedule_rows(sch, infos[first_red:], target, host, also=also, row_block=rb)
         if not done:
             return None
-        lanes = vector_lanes(host, 32)
+        for b in stages:
+            parallel_vector(sch, b.block_rv, lanes)
         for b in chain[:max(0, last_out + 1)]:
             if is_output_block(sch, b.block_rv):
                 tile_injective(sch, b.block_rv, target, host, stage=True)
+        under = self._gemm_at_row_blocks(sch, gemm.block_rv) if rb > 1 else None
+        if under is not None:
+            schedule_gemm_root(sch, gemm.block_rv, lanes, 1, choose=self.choose, under=under)
+            return Scheduled(sch, rows_note)
         if not schedule_gemm_root(sch, gemm.block_rv, lanes, num_cores(host), choose=self.choose):
             # (declined before its tile decision) no register block to tune: a space of one point
             self.choose(sch, "untiled", lambda: ["untiled"])
@@ -119,6 +202,61 @@ class GemmNormRule(ScheduleRule):
                                   "the norm per row")
         return Scheduled(sch, rows_note)
 
+    @staticmethod
+    def _row_block(sch, gemm, row_infos, lanes: int, target: AscendTarget) -> int:
+        """Rows of the GEMM to compute right before the norm of those rows (1: the GEMM is a stage over all
+        rows). Only when the GEMM's second operand (one batch of it: attention's Kᵀ of one head) and a block
+        of the result fit the target's L1 together (the host's L2), so that every block of rows reads the
+        operand from cache, not memory, and the result never round-trips through memory (attention's scores
+        over 1500 keys are 54 MB). The block: the most rows, a multiple of the register block's rows
+        dividing the GEMM's rows, that fit."""
+        stmt = sch.get(gemm)
+        spatial = [i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type == tirx.IterVar.DataPar]
+        red = [i for i, iv in enumerate(stmt.iter_vars) if iv.iter_type == tirx.IterVar.CommReduce]
+        if len(red) != 1 or len(spatial) < 2 or is_output_block(sch, gemm):
+            return 1
+        dims = [iv.dom.extent for iv in stmt.iter_vars]
+        if any(not isinstance(d, tirx.IntImm) for d in dims):
+            return 1
+        m, n, k = int(dims[spatial[-2]]), int(dims[spatial[-1]]), int(dims[red[0]])
+        rows = [int(dims[i]) for i in spatial[:-1] if int(dims[i]) != 1]
+        nbytes = buffer_bytes(stmt.writes[0].source)
+        panel = k * n * nbytes
+        # the norm's rows must be the GEMM's rows (the same leading axes): one block of GEMM rows per block
+        # of norm rows; and the result must not fit the cache anyway (else there is no round trip to save)
+        last = row_infos[-1]
+        nrow = min(leading_spatial(b.dom_kind()) for b in row_infos)
+        if nrow < 1 or [d for d in last.dom()[:nrow] if d != 1] != rows or panel >= target.l1_bytes \
+                or math.prod(rows) * n * nbytes <= target.l1_bytes:
+            return 1
+        mr, _ = micro_tile(m, n, vector_width_for(n, lanes))
+        mr = mr if m % mr == 0 else largest_divisor(m, mr)
+        fits = [r for r in range(mr, m + 1, mr) if m % r == 0 and panel + r * n * nbytes <= target.l1_bytes]
+        return max(fits) if fits else 1
+
+    @staticmethod
+    def _gemm_at_row_blocks(sch, gemm):
+        """Compute the GEMM under the row-block loop of the norm (the kernel's last root loop): the
+        norm's blocks are told they read whole padded rows of the GEMM's result (so the block of the GEMM
+        keeps its full-vector width), then the GEMM is computed there. The loop, or None when TVM refused
+        (the GEMM then stays a stage over all rows)."""
+        outer = sch.get_loops(root_blocks(sch)[-1])[0]
+        result = sch.get(gemm).writes[0].source
+        width = result.ty.shape[-1]
+        for blk in blocks_under(sch, outer):
+            stmt = sch.get(blk)
+            for idx, region in enumerate(stmt.reads):
+                if region.source.same_as(result):
+                    bounds = [x for r in region.region[:-1] for x in (r.min, r.min + r.extent)] + [0, width]
+                    # (the primitive itself: its Python wrapper wants one range per block iterator, not per
+                    # buffer axis)
+                    region_map = tirx.IndexMap([iv.var for iv in stmt.iter_vars], bounds, None)
+                    if not ok(_annotate_access, sch, blk, idx, 0, region_map):
+                        return None
+        if not ok(sch.compute_at, gemm, outer, preserve_unit_loops=True):
+            return None
+        return outer
+
 
 # Widths of the partial sums a tuner may try, in host vectors (independent accumulators per row).
 PARTIAL_VECTORS = (1, 2, 4)
@@ -131,13 +269,30 @@ def partial_width_candidates(reductions: list[tuple[int, int]]) -> list[int]:
     return [k for k in PARTIAL_VECTORS if all(e % (v * k) == 0 and e >= 2 * v * k for e, v in reductions)]
 
 
-def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(), choose=None
+def partials_width(ext: int | None, lanes: int) -> int:
+    """Lanes of a row reduction's partials: ``vector_width_for``'s power of two, unless no full vector divides
+    the row; then the divisor of the row, a multiple of 4 between one and four full vectors, that fills the
+    vectors LLVM splits it into best (1500 keys: 60 lanes, four AVX-512 vectors nearly full, against 375
+    steps of 4-lane ones)."""
+    v = vector_width_for(ext, lanes)
+    if ext is None or v == lanes:
+        return v
+    best, fill = v, v / lanes
+    for w in range(4 * lanes, lanes, -4):
+        if ext % w == 0 and ext >= 2 * w and w / (-(-w // lanes) * lanes) > fill:
+            best, fill = w, w / (-(-w // lanes) * lanes)
+    return best
+
+
+def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(), choose=None, row_block: int = 1
                   ) -> tuple[bool, str | None]:
     """Schedule the blocks of ``infos`` (a row-reduction stage; other blocks of the function are left
     alone) one row at a time. ``also``: names of producer blocks to compute per row too (the row being
     normalised after a GEMM). Returns (done, note): done is False when the stage does not have that shape;
     the note says when a row does not fit UB. ``choose(sch, default, candidates)``: a tunable rule's
-    decision of the partial sums' width (``partial_width_candidates``; see ``base.ScheduleRule.choose``)."""
+    decision of the partial sums' width (``partial_width_candidates``; see ``base.ScheduleRule.choose``).
+    ``row_block`` > 1 (dividing the rows): the row loop is split into blocks of that many rows, the outer loop
+    (the parallel one) is the root loop of the last block, for the caller to compute a producer per block."""
     kinds = [b.dom_kind() for b in infos]
     if any(not re.fullmatch(r"S+R*", k) for k in kinds) or not any(b.is_reduction() for b in infos):
         return False, None
@@ -207,7 +362,7 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         rloops = [it.loop_rv for it in info.iters if it.kind == "R"]
         r = sch.fuse(*rloops) if len(rloops) > 1 else rloops[0]
         ext = extent(sch, r)
-        v = vector_width_for(ext, lanes)
+        v = partials_width(ext, lanes) if wide == 1 else vector_width_for(ext, lanes)
         if not is_output_block(sch, blk):
             try_(sch.set_scope, blk, 0, UB_SCOPE)
         if ext is None or v < 4 or ext < 2 * v:
@@ -235,12 +390,15 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         return True, note
     row_loops = loops_through(sch, last_blk, last, nrow)
     row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    outer = row
+    if row_block > 1 and (extent(sch, row) or 1) % row_block == 0:
+        outer, row = sch.split(row, [None, row_block])
     cores = num_cores(host)
     for blk in reversed(blocks[:-1]):
         sch.compute_at(blk, row, preserve_unit_loops=True)
     total = math.prod(d if isinstance(d, int) else 1 << 10 for d in dom[:nrow]) * row_elems
     if cores > 1 and total >= MIN_PARALLEL_ELEMENTS:
-        try_(sch.parallel, row)
+        try_(sch.parallel, outer)
 
     # 4. vectorise: injective stages on their inner axis, rf partials on the lane axis.
     for blk in blocks_under(sch, row):
@@ -400,6 +558,29 @@ def _vectorise_row_block(sch: s_tir.Schedule, blk, rf_names, lanes: int) -> None
     if name in rf_names:
         vectorize_rf(sch, blk)
     elif not any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(blk).iter_vars):
-        innermost_vector(sch, blk, lanes)
+        if not _vectors_and_tail(sch, blk, lanes):
+            innermost_vector(sch, blk, lanes)
     elif is_contraction(sch, blk):
         schedule_contraction(sch, blk, lanes)
+
+
+def _vectors_and_tail(sch: s_tir.Schedule, blk, lanes: int) -> bool:
+    """A row no full vector divides (softmax over 1500 keys: 1500 = 4 x 375) as full vectors plus one shorter
+    vector for the remainder (``loop_partition``: a split by the full width would guard every lane, and TVM
+    then scalarises the loop); False (nothing changed) when the row is a whole number of vectors, shorter
+    than one, or its innermost loop runs other blocks too."""
+    loops = sch.get_loops(blk)
+    if not loops or not vector_storable(sch, blk) or not isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize):
+        return False
+    ext = extent(sch, loops[-1])
+    if ext is None or ext <= lanes or ext % lanes == 0 or vector_width_for(ext, lanes) == lanes:
+        return False
+    main = ext // lanes * lanes
+    parts = try_(sch.loop_partition, loops[-1], [main, None])
+    if parts is None:
+        return False
+    head, tail = parts
+    ok(sch.vectorize, sch.split(head, [None, lanes])[1])
+    if ext - main >= 2:
+        ok(sch.vectorize, tail)
+    return True
