@@ -196,3 +196,24 @@ def test_a_kernel_no_candidate_of_which_runs_fails_alone(tmp_path):
     assert first.status == "failed" and "none of 3 candidates could be measured" in first.note
     assert "lost the server" in first.note and not kernel_records(run.database, found[1])
     assert second.status == "tuned"
+
+
+def test_a_kernel_whose_space_cannot_be_built_fails_alone(tmp_path, monkeypatch):
+    """A rule that raises while its tile space is built (a schedule primitive refusing a candidate's layout)
+    costs that kernel only: reported failed with the error, the run goes on to the next kernel."""
+    import tvm_ascendfuse.tune.run as run_module
+
+    run, found, measure, _ = make_run(tmp_path, [32, 48, 24], [5.0, 30.0], trials=3)
+    real = run_module.search_kernel
+    calls = []
+
+    def search(kernel, *args, **kwargs):
+        calls.append(kernel)
+        if len(calls) == 1:                              # the first kernel the run tunes
+            raise RuntimeError("InternalError: Check failed: tensorize\n  the last line")
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "search_kernel", search)
+    first, second = run.run()
+    assert first.status == "failed" and "tile space could not be built (the last line)" in first.note
+    assert second.status == "tuned"

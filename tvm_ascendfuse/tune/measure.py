@@ -58,7 +58,7 @@ def count_servers(spec: RPCSpec) -> int:
         socket.create_connection((spec.host, spec.port), timeout=10).close()
         n = rpc_config(spec).count_num_servers(allow_missing=True)
     except (ValueError, OSError, RuntimeError) as err:
-        raise AscendFuseError(f"cannot reach the RPC tracker at {spec.host}:{spec.port} ({_last_line(err)}); "
+        raise AscendFuseError(f"cannot reach the RPC tracker at {spec.host}:{spec.port} ({last_line(err)}); "
                               "start one with: ascendfuse rpc tracker --port PORT") from None
     if n == 0:
         raise AscendFuseError(f"no RPC server is registered under key '{spec.key}' at the tracker "
@@ -67,9 +67,13 @@ def count_servers(spec: RPCSpec) -> int:
     return n
 
 
-def _last_line(err) -> str:
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__
+def last_line(error) -> str:
+    """The last non-empty line of an error's text (TVM errors end with the check that failed), at most 200
+    characters, for a report."""
+    lines = [line for line in str(error or "").strip().splitlines() if line.strip()]
+    if lines:
+        return lines[-1].strip()[:200]
+    return type(error).__name__ if isinstance(error, BaseException) else "unknown error"
 
 
 class Measure:

@@ -19,7 +19,7 @@ from ..progress import ProgressBar
 from ..target import AscendTarget, get_target
 from .budget import Budget, format_duration, parse_duration
 from .kernels import Kernel, extract_kernels, select_kernels
-from .measure import Measure, RPCSpec, args_of, count_servers
+from .measure import Measure, RPCSpec, args_of, count_servers, last_line
 from .search import best_us, confirm_kernel, default_and_best, kernel_records, search_kernel
 from .workdir import WorkDir, write_json
 
@@ -181,9 +181,14 @@ class TuningRun:
                     times += f" (untuned {untuned:.1f} us)"
                 self.bar.status(f"{done}, {kernel.name[:32]}: {times}")
 
-        outcome = search_kernel(kernel, self.npu, self.host, self.trials, searched, self.measure,
-                                self.seed + 1 + self.kernels.index(kernel), state, deadline, self.batch,
-                                on_batch, self.budget.clock)
+        try:
+            outcome = search_kernel(kernel, self.npu, self.host, self.trials, searched, self.measure,
+                                    self.seed + 1 + self.kernels.index(kernel), state, deadline, self.batch,
+                                    on_batch, self.budget.clock)
+        except Exception as err:  # noqa: BLE001 - a rule whose space cannot be built loses this kernel only
+            result.status = "failed"
+            result.note = f"its tile space could not be built ({last_line(err)}); the rule's default stays"
+            return
         result.trials_now = outcome.measured - result.trials
         result.trials, result.lost = outcome.measured, outcome.failed
         if outcome.stopped:

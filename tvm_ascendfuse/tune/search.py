@@ -18,7 +18,7 @@ import tvm
 from ..schedule.tuned import tile_decision
 from ..target import AscendTarget
 from .kernels import Kernel
-from .measure import args_of
+from .measure import args_of, last_line
 
 # Fraction by which a tuned schedule must beat the rule's default (re-timed side by side) to be recorded.
 MIN_GAIN = 0.03
@@ -81,7 +81,7 @@ def search_kernel(kernel: Kernel, npu: AscendTarget, host, trials: int | None, d
                 if error is not None:
                     lost += 1
                     if not outcome.first_error:
-                        outcome.first_error = _last_line(error)
+                        outcome.first_error = last_line(error)
                 else:
                     database.commit_tuning_record(ms.database.TuningRecord(
                         c.sch.trace, workload, [secs], host, c.args_info))
@@ -129,7 +129,7 @@ def confirm_kernel(kernel: Kernel, npu: AscendTarget, host, searched, database, 
         picks.append((d, r.trace, sch.mod, r.args_info))
     timed = measure([(mod, args) for _, _, mod, args in picks], rounds=rounds, serial=True)
     if timed[0][0] is None:
-        return f"the default could not be timed beside the others ({_last_line(timed[0][1])}): nothing recorded"
+        return f"the default could not be timed beside the others ({last_line(timed[0][1])}): nothing recorded"
     workload = database.commit_workload(kernel.workload)
     keep = worth_recording([(d, secs, (d, trace, args)) for (d, trace, _, args), (secs, _) in zip(picks, timed)
                             if secs is not None])
@@ -200,6 +200,3 @@ def tiles_note(record) -> str:
     return f"candidate {tile_decision(record)}"
 
 
-def _last_line(error) -> str:
-    lines = [line for line in str(error or "").strip().splitlines() if line.strip()]
-    return lines[-1].strip()[:200] if lines else "unknown error"
