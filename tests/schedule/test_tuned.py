@@ -142,3 +142,19 @@ def test_no_database_no_tuned_rule(tmp_path, monkeypatch):
     (tmp_path / "ascend910b" / "generic" / WORKLOADS_FILE).write_text("")
     assert records_dir("ascend910b", "generic") is None      # both files are needed
     assert find_records("ascend910b", "generic") == (None, [])
+
+
+def test_the_database_is_opened_only_for_a_kernel_it_holds(tmp_path, untuned):
+    """Opening a database parses every workload in it; a kernel whose structural hash is not among the
+    workloads' is answered from the hashes alone."""
+    from tvm_ascendfuse.schedule.tuned import LazyDatabase
+
+    mod, first = untuned
+    folder = tmp_path / "ascend910b" / "generic"
+    write_record(folder, first, first.host_target)
+    db = LazyDatabase(folder)
+    other = workload_module(tirx.PrimFunc([], tirx.Evaluate(0)))
+    assert not db.has_workload(other) and db._db is None and len(db.hashes()) == 1
+    seen = relax.transform.AttachAttrLayoutFreeBuffers()(first.fused_module)
+    (func,) = [f for f in seen.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert db.has_workload(workload_module(use_fast_math(normalize_scope_aliases(func)))) and db._db is not None

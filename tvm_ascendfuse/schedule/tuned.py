@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import tvm
+import tvm_ffi
 
 from .base import Declined, ScheduleRule, Scheduled
 
@@ -86,7 +87,44 @@ def tuned_rules(target_name: str, host, prepares=()) -> tuple[list, dict]:
     if folder is None and not notes:
         return [], {}
     info = {"cpu": cpu, "records": str(folder) if folder is not None else None, "notes": notes}
-    return ([TunedRecordRule(open_database(folder), cpu, prepares)] if folder is not None else []), info
+    return ([TunedRecordRule(LazyDatabase(folder), cpu, prepares)] if folder is not None else []), info
+
+
+class LazyDatabase:
+    """A database folder opened only when a kernel's structural hash is one of its workloads'. Opening a
+    MetaSchedule JSON database parses every workload it holds (a tenth of a second for the records shipped
+    here), which a model none of whose kernels has a record should not pay: the hashes are the first field of
+    each line of the workloads file, read without parsing the modules."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self._db = None
+        self._hashes = None
+
+    def hashes(self) -> set:
+        if self._hashes is None:
+            self._hashes = set()
+            with open(self.folder / WORKLOADS_FILE) as f:
+                for line in f:
+                    if line.startswith('["'):
+                        self._hashes.add(line[2:line.index('"', 2)])
+        return self._hashes
+
+    def has_workload(self, mod) -> bool:
+        if str(tvm_ffi.structural_hash(mod)) not in self.hashes():
+            return False
+        return self.database().has_workload(mod)
+
+    def database(self):
+        if self._db is None:
+            self._db = open_database(self.folder)
+        return self._db
+
+    def query_tuning_record(self, *args, **kwargs):
+        return self.database().query_tuning_record(*args, **kwargs)
+
+    def query_schedule(self, *args, **kwargs):
+        return self.database().query_schedule(*args, **kwargs)
 
 
 def open_database(folder: str | os.PathLike, allow_missing: bool = False):
