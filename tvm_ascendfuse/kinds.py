@@ -211,10 +211,9 @@ def _same(indices, variables) -> bool:
                                                   for i, v in zip(indices, variables))
 
 
-def _conv_operands(stmt):
-    """(store, [(data load, weight load), ...]) of ``C[n, f, y, x] += D[n, ...] * W[f, rc, ry, rx]`` (casts
-    allowed, either operand order) with 4 spatial then 3 reduction iterators and a bare output index; None
-    when the block does not have that shape."""
+def conv_block_head(stmt):
+    """(accumulating store, the 7 iter vars) of a block with 4 spatial then 3 reduction iterators (the shape
+    every conv2d recogniser starts from), else None."""
     body = accumulating_store(stmt)
     if body is None:
         return None
@@ -222,6 +221,17 @@ def _conv_operands(stmt):
     kinds = [iv.iter_type for iv in stmt.iter_vars]
     if len(iters) != 7 or [k == tirx.IterVar.DataPar for k in kinds] != [True] * 4 + [False] * 3:
         return None
+    return body, iters
+
+
+def _conv_operands(stmt):
+    """(store, [(data load, weight load), ...]) of ``C[n, f, y, x] += D[n, ...] * W[f, rc, ry, rx]`` (casts
+    allowed, either operand order) with 4 spatial then 3 reduction iterators and a bare output index; None
+    when the block does not have that shape."""
+    head = conv_block_head(stmt)
+    if head is None:
+        return None
+    body, iters = head
     n, f, y, x, rc, ry, rx = iters
     if not _same(body.indices, [n, f, y, x]):
         return None

@@ -22,7 +22,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 # the block-level recognisers live below the grouping pass, which names each op with them (``kinds.py``);
 # rules import them from here
-from ..kinds import (LOAD, GemmBlock, accumulating_store, conv2d_roles, gemm_roles,  # noqa: F401
+from ..kinds import (LOAD, GemmBlock, accumulating_store, conv2d_roles, conv_block_head, gemm_roles,  # noqa: F401
                      grouped_conv2d_roles, is_product_block, pool_window, reduction_kinds, strip_cast, uses_var)
 from .common import root_blocks
 
@@ -154,13 +154,10 @@ def _conv_block_head(sch: s_tir.Schedule, block):
     """(block, its accumulating store, its 7 iter vars) for a block of 4 spatial then 3 reduction iterators
     bound one-to-one to its 7 loops (the shape every conv2d recogniser starts from), else None."""
     stmt = sch.get(block)
-    body = accumulating_store(stmt)
-    if body is None:
+    head = conv_block_head(stmt)
+    if head is None:
         return None
-    iters = [iv.var for iv in stmt.iter_vars]
-    kinds = [iv.iter_type for iv in stmt.iter_vars]
-    if len(iters) != 7 or [k == tirx.IterVar.DataPar for k in kinds] != [True] * 4 + [False] * 3:
-        return None
+    body, iters = head
     loops = sch.get_loops(block)
     if len(loops) != 7:
         return None
