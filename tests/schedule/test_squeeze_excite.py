@@ -97,3 +97,53 @@ def test_partial_sum_width():
     assert [partial_sum_width(n, 16) for n in (49, 196, 3136, 100, 9, 8, 12544)] == [7, 14, 16, 10, 1, 4, 16]
     assert [partial_sum_width(n, 8) for n in (49, 196, 64)] == [7, 7, 8]
     assert partial_sum_width(None, 16) == 16
+
+
+def _fc_vector_widths(mod) -> list[int]:
+    """Lanes of the vectorised loop right around each FC update block (0: the block is not in one)."""
+    from tvm import s_tir
+
+    widths = []
+
+    def visit(stmt, vec):
+        if isinstance(stmt, tirx.For):
+            kind = vec if not isinstance(stmt.body, s_tir.SBlockRealize) else (
+                int(stmt.extent) if stmt.kind == tirx.ForKind.VECTORIZED else 0)
+            visit(stmt.body, kind)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            blk = stmt.block
+            if blk.name_hint.startswith("conv2d_nchw") and "init" not in blk.name_hint and any(
+                    iv.iter_type != tirx.IterVar.DataPar for iv in blk.iter_vars):
+                widths.append(vec)
+            visit(blk.body, 0)
+            if blk.init is not None:
+                visit(blk.init, 0)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, vec)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body, vec)
+
+    visit(mod["main"].body, 0)
+    return widths
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n,c,cs", [(2, 40, 19), (1, 196, 52), (1, 24, 8)], ids=["odd_hidden", "wide", "even"])
+def test_fc_channels_stay_vectors(n, c, cs, dtype):
+    """Each FC runs on vectors of output channels: one the full vector divides in full vectors, another as
+    full vectors plus one shorter vector for the remainder (19 hidden channels: 16 + 3, 40 gate channels
+    on AVX-512: 32 + 8), never scalar; exact on batch 2 with odd channels."""
+    import tvm
+
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    func = fused_kernel(se_conv("relu", "sigmoid", dtype), conv_shapes(n, c, cs, 5, 5), dtype)
+    from tests.schedule.kernels import NPU
+    widths = _fc_vector_widths(SqueezeExciteRule().apply(func, NPU, avx512).mod)
+    lanes = 16 if dtype == "float32" else 32
+    expect = []
+    for ch in (cs, c):
+        full = ch if ch <= lanes else lanes
+        expect += [full] + ([ch % lanes] if ch > lanes and ch % lanes else [])
+    assert widths == expect
+    check_rule(SqueezeExciteRule(), func, host=NATIVE)

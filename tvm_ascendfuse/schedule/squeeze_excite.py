@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
@@ -56,11 +57,11 @@ class SqueezeExciteRule(ScheduleRule):
         self._inline_cheap(sch, [b for b in blocks if b not in reductions])
         kept = [b for b in root_blocks(sch) if not has_reduce(sch, b)]
         rf = self._squeeze(sch, squeeze, lanes)
+        self._stage(sch, (fc1, fc2), target)      # first: _fc may partition an FC into two blocks
         for fc in (fc1, fc2):
             self._fc(sch, fc, lanes)
         for b in kept:
             self._elementwise(sch, b, lanes)
-        self._stage(sch, (fc1, fc2), target)
         sch.annotate(squeeze, "ascendfuse.schedule",
                      f"squeeze-excite plane {plane[0]}x{plane[1]} partial sums {rf}")
         return sch
@@ -99,29 +100,33 @@ class SqueezeExciteRule(ScheduleRule):
     @staticmethod
     def _fc(sch, block, lanes: int) -> None:
         """Output channels innermost in vector lanes, the reduction outside them; a constant weight
-        re-laid out (reduction axis first) so those channels are contiguous."""
+        re-laid out (reduction axis first) so those channels are contiguous. A channel count no full
+        vector divides (RegNet's 196 hidden channels) runs as full vectors plus one shorter vector for the
+        remainder (``loop_partition``): a split by the full width guards every lane with the channel
+        bound, and TVM then scalarises the whole FC."""
         stmt = sch.get(block)
         loops = sch.get_loops(block)
         kinds = [iv.iter_type for iv in stmt.iter_vars]
         if len(loops) != len(kinds):
             return
-        spatial = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.DataPar]
-        reduce = [lp for lp, k in zip(loops, kinds) if k != tirx.IterVar.DataPar]
-        wide = [lp for lp in spatial if extent(sch, lp) != 1]
-        rwide = [lp for lp in reduce if extent(sch, lp) != 1]
+        wide = [i for i, (lp, k) in enumerate(zip(loops, kinds))
+                if k == tirx.IterVar.DataPar and extent(sch, lp) != 1]
+        rwide = [lp for lp, k in zip(loops, kinds) if k != tirx.IterVar.DataPar and extent(sch, lp) != 1]
         if not wide or len(rwide) != 1:
             return
-        out_ch = wide[-1]
-        _relayout_weight(sch, block, out_ch)
-        others = [lp for lp in spatial if not lp.same_as(out_ch)]
-        ch = extent(sch, out_ch)
-        v = min(lanes, ch) if ch is not None else lanes
-        fo, fi = sch.split(out_ch, [None, v])
-        sch.reorder(*others, fo, *reduce, fi)
-        init = try_(sch.decompose_reduction, block, rwide[0])
-        try_(sch.vectorize, fi)
-        if init is not None:
-            try_(sch.vectorize, sch.get_loops(init)[-1])
+        at = wide[-1]
+        _relayout_weight(sch, block, loops[at])
+        ch = extent(sch, loops[at])
+        if ch is None or ch <= lanes or ch % lanes == 0:
+            _fc_part(sch, block, at, min(lanes, ch) if ch is not None else lanes)
+            return
+        main = ch // lanes * lanes
+        parts = try_(sch.loop_partition, loops[at], [main, None])
+        if parts is None:
+            _fc_part(sch, block, at, lanes)
+            return
+        _fc_part(sch, sch.get_child_blocks(parts[0])[0], at, lanes)
+        _fc_part(sch, sch.get_child_blocks(parts[1])[0], at, ch - main)
 
     @staticmethod
     def _elementwise(sch, block, lanes: int) -> None:
@@ -145,6 +150,47 @@ class SqueezeExciteRule(ScheduleRule):
                 continue
             if not any(p.same_as(buf) for p in sch.mod["main"].params):
                 try_(sch.set_scope, blk, 0, UB_SCOPE)
+
+
+def _fc_part(sch, block, at: int, v: int) -> None:
+    """One FC block's loops: the loop of its output-channel iterator (index ``at``) split by ``v`` with the
+    vector innermost and the reduction loops outside it. Loops are told apart by the iterators their
+    variables bind (after ``loop_partition`` the part's loops start below a wrapping block). Vectorised
+    before the init is split off: the update block alone is neither complete nor a reduction (no init), so
+    vectorize's dataflow check refuses it after."""
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        return
+    ivs, values = realize.block.iter_vars, realize.iter_values
+
+    def binds(lp, pick):
+        var = sch.get(lp).loop_var
+        return any(pick(i, iv) and _mentions(val, var) for i, (iv, val) in enumerate(zip(ivs, values)))
+
+    ch = [lp for lp in loops if binds(lp, lambda i, _: i == at)]
+    reduce = [lp for lp in loops if binds(lp, lambda _, iv: iv.iter_type != tirx.IterVar.DataPar)]
+    if len(ch) != 1 or not reduce:
+        return
+    others = [lp for lp in loops if not lp.same_as(ch[0]) and not any(lp.same_as(r) for r in reduce)]
+    if extent(sch, ch[0]) == v:      # the remainder of a partition (its loop starts at the cut: no split)
+        fi = ch[0]
+        sch.reorder(*others, *reduce, fi)
+    else:
+        fo, fi = sch.split(ch[0], [None, v])
+        sch.reorder(*others, fo, *reduce, fi)
+    if v > 1:
+        try_(sch.vectorize, fi)
+    rwide = [lp for lp in reduce if extent(sch, lp) != 1] or reduce
+    init = try_(sch.decompose_reduction, block, rwide[0])
+    if init is not None and v > 1:
+        try_(sch.vectorize, sch.get_loops(init)[-1])
+
+
+def _mentions(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.Var, lambda x: found.append(x) if x.same_as(var) else None))
+    return bool(found)
 
 
 def _plane_sum(sch, block) -> tuple[int, int] | None:
