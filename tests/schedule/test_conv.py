@@ -240,9 +240,10 @@ def test_plane_chunks_keep_two_tasks_per_core():
 
 
 def test_large_planes_keep_the_nchwc_input():
-    """1x1 on 56x56 (12.5 KB channel planes): the input is still re-laid out NCHW[vl]c, no row blocks."""
+    """1x1 on 56x56 (12.5 KB channel planes) on channel vectors (pixel vectors off: the path a gated input
+    takes): the input is still re-laid out NCHW[vl]c, no row blocks."""
     func = fused_kernel(conv_bias_relu(1, 0), [(1, 128, 56, 56), (32, 128, 1, 1), (1, 32, 1, 1)])
-    script = Conv2dRule().apply(func, NPU, NATIVE).mod.script()
+    script = Conv2dRule(pixel_vectors=False).apply(func, NPU, NATIVE).mod.script()
     assert "yy_0" not in script and "pad_temp" in script
 
 
@@ -254,9 +255,10 @@ def test_large_planes_keep_the_nchwc_input():
     ((1, 16, 48, 48), (40, 16, 1, 1), 1, False),     # 8-lane vectors: the default block
 ])
 def test_pointwise_on_large_planes_takes_one_vector_of_channels(xs, ws, stride, residual):
-    """1x1 convs on planes too large for the plane chunks: one vector of output channels x 8 columns on
-    AVX-512 (the store transpose's tile), and the unscheduled kernel's numbers (odd channels, batch 2,
-    strided, widths not a multiple of 8, channels not a multiple of the vector)."""
+    """1x1 convs on planes too large for the plane chunks, on channel vectors (pixel vectors off: the path
+    a gated input takes): one vector of output channels x 8 columns on AVX-512 (the store transpose's
+    tile), and the unscheduled kernel's numbers (odd channels, batch 2, strided, widths not a multiple of
+    8, channels not a multiple of the vector), with the default rule too."""
     oh, ow = (xs[2] - 1) // stride + 1, (xs[3] - 1) // stride + 1
 
     def build(x, w, b, *r):
@@ -266,10 +268,11 @@ def test_pointwise_on_large_planes_takes_one_vector_of_channels(xs, ws, stride, 
     shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], oh, ow)] if residual else [])
     func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
     avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
-    script = Conv2dRule().apply(func, NPU, avx512).mod.script()
+    script = Conv2dRule(pixel_vectors=False).apply(func, NPU, avx512).mod.script()
     owr = next(d for d in range(8, 0, -1) if ow % d == 0)
     owr = owr if 2 * owr > 8 else 8
     assert (f"vl=16, ocr=1, owr={owr}" in script) == (ws[0] % 16 == 0), ws
+    check_rule(Conv2dRule(pixel_vectors=False), func, host=NATIVE)
     check_rule(Conv2dRule(), func, host=NATIVE)
 
 
@@ -431,3 +434,53 @@ def test_strided_pointwise_conv_to_a_single_pixel(hw):
     result = assert_same_numbers(bb.get())
     assert list(result.report.sections["schedules"].values()) == ["conv2d"]
     assert not result.report.sections.get("rule_errors")
+
+
+def _narrow_pointwise(act, residual, dtype="float32"):
+    def build(x, w, b, *r):
+        y = op.add(op.nn.conv2d(x, w), b)
+        if act == "relu6":
+            y = op.clip(y, 0.0, 6.0)
+        elif act == "silu":
+            y = op.nn.silu(y)
+        return op.add(y, r[0]) if residual else y
+    return build
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n,ic,oc,h,w,act,residual", [
+    (1, 19, 24, 32, 32, "none", True),      # MobileNetV2's projection + residual, odd input channels
+    (2, 16, 40, 32, 48, "relu6", False),    # batch 2, 40 channels (EfficientNet), 12 blocks of 128 pixels
+    (1, 7, 12, 64, 16, "silu", True),       # odd input channels, a plane 16 wide
+    (1, 16, 96, 32, 32, "relu6", False),    # an expansion, channels a full vector divides
+], ids=["proj_residual", "batch2_relu6", "odd_silu", "expansion"])
+def test_pointwise_on_pixel_vectors(n, ic, oc, h, w, act, residual, dtype):
+    """A stride-1 1x1 conv on a plane of enough whole pixel blocks runs on pixel vectors (the plane flattened
+    on the lanes, one broadcast weight per FMA, no staging or store transpose) and computes what the
+    unscheduled kernel computes, with its epilogue (bias, activation, residual add)."""
+    shapes = [(n, ic, h, w), (oc, ic, 1, 1), (1, oc, 1, 1)] + ([(n, oc, h, w)] if residual else [])
+    func = fused_kernel(_narrow_pointwise(act, residual, dtype), shapes, dtype).with_attr("layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    script = Conv2dRule().apply(func, NPU, avx512).mod.script()
+    lanes = 16 if dtype == "float32" else 32
+    assert f"x {lanes} pixels" in script and "packed" in script
+    check_rule(Conv2dRule(), func, host=NATIVE)
+
+
+@pytest.mark.parametrize("build,shapes", [
+    (_narrow_pointwise("relu6", False), [(1, 16, 16, 16), (32, 16, 1, 1), (1, 32, 1, 1)]),   # 4 blocks
+    (lambda x, w, b: op.add(op.nn.conv2d(x, w, strides=2), b),                              # strided
+     [(1, 16, 64, 64), (24, 16, 1, 1), (1, 24, 1, 1)]),
+    (_narrow_pointwise("none", False), [(1, 16, 28, 28), (24, 16, 1, 1), (1, 24, 1, 1)]),    # 49 vectors
+    (lambda x, g, w, b: op.add(op.nn.conv2d(op.multiply(x, g), w), b),                     # SE gate prologue
+     [(1, 16, 32, 32), (1, 16, 1, 1), (24, 16, 1, 1), (1, 24, 1, 1)]),
+    (_narrow_pointwise("none", False), [(1, 16, 32, 32), (10, 16, 1, 1), (1, 10, 1, 1)]),    # no block
+], ids=["few_blocks", "strided", "ragged_plane", "gated_input", "ten_channels"])
+def test_other_pointwise_convs_keep_channel_vectors(build, shapes):
+    """A plane of fewer pixel blocks than 4 per core, a strided conv, a plane no block of pixel vectors
+    divides (28x28: 49 vectors), an input with a prologue (an SE gate), and channels no register block of
+    at most one load per two FMAs divides (10) keep the channel-vector register block; numbers exact."""
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [2 if len(shapes) == 4 else 1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    assert "pixel vectors" not in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
