@@ -297,9 +297,14 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         return None
     pads = [b for b in pro if still_exists(sch, b)]
     plan = _pixel_vector_plan(opts, sch, conv, info, pads, (oc, oh, ow), hv)
-    if plan is not None and _if_it_applies(
-            sch, lambda s: _pixel_vectors(s, conv, info, pads, blocks[ci + 1:], ow, plan, lanes, opts)):
-        return sch
+    if plan is not None:
+        apply = lambda s: _pixel_vectors(s, conv, info, pads, blocks[ci + 1:], ow, plan, lanes, opts)  # noqa: E731
+        try:
+            trial = apply(sch.copy())
+        except (RuntimeError, ValueError, TypeError, IndexError):   # ScheduleError or a layout TVM refuses
+            trial = False
+        if trial and apply(sch):
+            return sch
     if opts.subsample_strided:
         sub = _subsample_strided_pointwise(sch, conv, info, pro, (oh, ow))
         if sub is not None:
