@@ -21,7 +21,7 @@ from .analysis import is_contraction, leading_spatial
 from .base import UB_SCOPE, ScheduleRule, Scheduled
 from .common import (block_infos, blocks_under, buffer_bytes, extent, get_realize, innermost_vector, is_output_block,
                      largest_divisor, loops_through, num_cores, ok, parallel_vector, root_blocks,
-                     transitive_producers, try_, vector_lanes, vector_storable, vector_width_for)
+                     still_exists, transitive_producers, try_, vector_lanes, vector_storable, vector_width_for)
 from .contraction import (contiguous_along_output, inline_operand_chain, micro_tile, pad_output_axis,
                           producer_to_stage, schedule_contraction, schedule_gemm_root)
 from .injective import tile_injective
@@ -320,6 +320,18 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         elif not ok(sch.compute_inline, info.block_rv) and full_row:
             staged.append(info.block_rv)
 
+    # A last block that reads a window of rows of the stage (Swin's cyclic shift: a concat of two row slices
+    # of the normalised tensor) would, computed per row, recompute every row of the window for each of its
+    # rows. The row stage then ends at the block it reads that way, written whole, and the last block runs
+    # after it as an injective stage.
+    cut = _row_window_producer(sch, infos, nrow) if not also and row_block == 1 else None
+    if cut is not None:
+        stage = [b for b in infos[:cut + 1] if still_exists(sch, b.block_rv)]
+        done, note = schedule_rows(sch, stage, target, host, choose=choose)
+        if done:
+            tile_injective(sch, last.block_rv, target, host)
+        return done, note
+
     # Does one row fit? inputs + staged rows + output, double-buffered.
     stmt = sch.get(last.block_rv)
     n_row_buffers = len(staged) + len(stmt.writes) + len(
@@ -404,6 +416,36 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
     for blk in blocks_under(sch, row):
         _vectorise_row_block(sch, blk, rf_names, lanes)
     return True, note
+
+
+def _row_window_producer(sch: s_tir.Schedule, infos, nrow: int) -> int | None:
+    """Index in ``infos`` of a block whose output the last block reads over more than one value of an axis
+    indexed by the last block's row iterators (a window of rows), when that block is not a reduction and
+    every block after it is injective; None otherwise."""
+    last = sch.get(infos[-1].block_rv)
+    if any(b.is_reduction() for b in infos[-1:]):
+        return None
+    rows = [iv.var for iv in last.iter_vars[:nrow]]
+    writer = {}
+    for i, b in enumerate(infos[:-1]):
+        if still_exists(sch, b.block_rv):
+            for w in sch.get(b.block_rv).writes:
+                writer[w.source.name] = i
+    for region in last.reads:
+        i = writer.get(region.source.name)
+        if i is None or infos[i].is_reduction():
+            continue
+        for r in region.region:
+            wide = not (isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1)
+            if wide and any(_uses_var(r.min, v) for v in rows):
+                return i if all(not b.is_reduction() for b in infos[i + 1:]) else None
+    return None
+
+
+def _uses_var(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None))
+    return bool(found)
 
 
 def _strided_rows(sch: s_tir.Schedule, infos, staged, also, nrow: int, rows: tuple, row_bytes: int,
