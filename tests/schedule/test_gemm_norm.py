@@ -221,3 +221,19 @@ def test_rows_the_default_block_does_not_divide_keep_accumulators_busy():
     build = lambda x, w, b, r, g, be: op.nn.layer_norm(op.add(op.add(op.matmul(x, w), b), r), g, be, [-1])
     mod = check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)
     assert (7, 2) in _register_blocks(mod), _register_blocks(mod)
+
+
+def test_residual_output_then_norm_read_as_a_window_of_rows():
+    """Swin's block end: matmul + bias + residual (the sum also leaves the kernel), LayerNorm, then the next
+    block's cyclic shift of the normalised rows (a concat of two row slices). The norm runs once per row and
+    the shift after it; the bias add in front of the residual output is inlined."""
+    from tvm import relax
+
+    def build(x, w, b, r, g, be):
+        h = op.add(op.add(op.matmul(x, w), b), r)
+        n = op.nn.layer_norm(h, g, be, [-1])
+        rolled = op.concat([op.strided_slice(n, [1], [6], [9]), op.strided_slice(n, [1], [0], [6])], axis=1)
+        return relax.Tuple([h, rolled])
+
+    shapes = [(1, 9, 9, 32), (32, 48), (48,), (1, 9, 9, 48), (48,), (48,)]
+    check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)

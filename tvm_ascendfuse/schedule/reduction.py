@@ -187,7 +187,8 @@ class GemmNormRule(ScheduleRule):
         for b in stages:
             parallel_vector(sch, b.block_rv, lanes)
         for b in chain[:max(0, last_out + 1)]:
-            if is_output_block(sch, b.block_rv):
+            # (the chain in front of the output was inlined above: only the output block is left)
+            if still_exists(sch, b.block_rv) and is_output_block(sch, b.block_rv):
                 tile_injective(sch, b.block_rv, target, host, stage=True)
         under = self._gemm_at_row_blocks(sch, gemm.block_rv) if rb > 1 else None
         if under is not None:
@@ -328,10 +329,10 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
     # of the normalised tensor) would, computed per row, recompute every row of the window for each of its
     # rows. The row stage then ends at the block it reads that way, written whole, and the last block runs
     # after it as an injective stage.
-    cut = _row_window_producer(sch, infos, nrow) if not also and row_block == 1 else None
+    cut = _row_window_producer(sch, infos, nrow) if row_block == 1 else None
     if cut is not None:
         stage = [b for b in infos[:cut + 1] if still_exists(sch, b.block_rv)]
-        done, note = schedule_rows(sch, stage, target, host, choose=choose)
+        done, note = schedule_rows(sch, stage, target, host, also=also, choose=choose)
         if done:
             tile_injective(sch, last.block_rv, target, host)
         return done, note
