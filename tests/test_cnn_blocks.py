@@ -78,3 +78,44 @@ def test_inception_siblings_merged():
     result, _, _, rules = compiled("inception")
     assert result.report.get("ConvSiblingMergeFusionPass").effect_times == 2
     assert sum(rules.values()) == 2 * 4 + 1, rules
+
+
+def patch_embed_model(channels=16, hw=32, patch=4, nhwc=True):
+    """Swin / ConvNeXt stem: a patch x patch conv of stride patch, then a LayerNorm over the channels (Swin:
+    after a transpose to NHWC; ConvNeXt: over NCHW's channel axis through a transpose pair)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    out_hw = hw // patch
+    inits = [numpy_helper.from_array(rng.standard_normal((channels, 3, patch, patch)).astype("float32") * 0.2, "w"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype("float32"), "b"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype("float32"), "g"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype("float32"), "beta")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[patch, patch], strides=[patch, patch]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "beta"], ["n"], axis=-1)]
+    out = "n"
+    if not nhwc:
+        nodes.append(helper.make_node("Transpose", ["n"], ["y"], perm=[0, 3, 1, 2]))
+        out = "y"
+    shape = [1, out_hw, out_hw, channels] if nhwc else [1, channels, out_hw, out_hw]
+    graph = helper.make_graph(nodes, "patch_embed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("nhwc", [True, False])
+def test_patch_conv_and_layer_norm_stay_on_their_rules(nhwc):
+    """The conv is tiled by the conv rule and the LayerNorm runs per row on the reduction rule: one kernel of
+    both would leave the conv to the matmul+norm rule's untiled contraction (scalar, 25x slower on Swin-T)."""
+    model = patch_embed_model(nhwc=nhwc)
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype("float32")
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    result = compile_ours(import_onnx(model))
+    np.testing.assert_allclose(run_vm(result.executable, [x]), ref, rtol=1e-4, atol=1e-4)
+    rules = {k["rule"] for k in result.report.kernels if any("conv2d" in op for op in k["ops"])}
+    assert rules == {"conv2d"}, [(k["rule"], k["ops"]) for k in result.report.kernels]
+    assert "matmul+norm" not in {k["rule"] for k in result.report.kernels}

@@ -96,8 +96,9 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
              note="one depthwise conv2d + per-tile epilogue, and the global pool of its output (an SE's mean)"),
     RuleSpec("pool", r"[ELel]*(C[ELel]*)?[PM][EL]*", SPECIALISED,
              note="one pool, alone or after one conv2d (whose epilogue may also be an output)"),
-    RuleSpec("matmul+norm", r"[EL]*[GCK][EL]*e?[RPM][ELRPM]*", SPECIALISED,
-             note="one product whose output feeds row reductions; the sum in front of the norm may be an output"),
+    RuleSpec("matmul+norm", r"[EL]*[GK][EL]*e?[RPM][ELRPM]*", SPECIALISED,
+             note="one GEMM whose output feeds row reductions; the sum in front of the norm may be an output "
+                  "(not a conv: its window reductions get no register tile there)"),
     RuleSpec("reduction", r"[ELRDQPM]*[RDQPM][ELRDQPM]*", ROWS,
              note="reductions that are not products, sharing one row space, one output (norms, softmax, sums; "
                   "a grouped or depthwise conv, a pool, and what reduces their output)"),

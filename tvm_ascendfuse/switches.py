@@ -37,6 +37,7 @@ class SwitchInfo:
 # graph fusion (graph_fusion/, one pass a file)
 BATCHNORM_SCALE = "BatchnormScaleFusionPass"
 CONCAT_IDENTITY = "ConcatIdentityFusionPass"
+IDENTITY_COPY = "IdentityCopyFusionPass"
 CONCAT_SPLIT = "ConcatSplitFusionPass"
 CONV_SIBLING_MERGE = "ConvSiblingMergeFusionPass"
 CONV_BATCHNORM = "ConvBatchnormFusionPass"
@@ -83,6 +84,8 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "inference BatchNorm no conv/matmul absorbs -> x * scale + shift (per-channel constants), so it "
                "fuses into the next conv's input prologue"),
     SwitchInfo(CONCAT_IDENTITY, GRAPH_FUSION, "a concat of one tensor is that tensor"),
+    SwitchInfo(IDENTITY_COPY, GRAPH_FUSION,
+               "a kernel call that copies its one input unchanged (a pad by zero) is that input"),
     SwitchInfo(CONCAT_SPLIT, GRAPH_FUSION,
                "split elementwise ops over concat inputs so each part fuses with its producer"),
     SwitchInfo(CONV_BATCHNORM, GRAPH_FUSION,

@@ -191,3 +191,49 @@ def test_scores_computed_per_row_block_before_their_softmax():
     assert all(w == 16 for w in _gemm_vector_widths(mod))
     staged = check_rule(GemmNormRule(row_blocks=False), fused_kernel(build, shapes), host=NATIVE)
     assert _root_loop_of(staged, "matmul") != _root_loop_of(staged, "T_softmax_norm")
+
+
+def _register_blocks(mod):
+    """(rows, vectors) of every unrolled x vectorised accumulator nest in a scheduled kernel."""
+    from tvm import tirx
+    import tvm_ffi
+
+    found = []
+
+    def visit(loop):
+        if loop.kind == tirx.ForKind.UNROLLED and isinstance(loop.body, tirx.For) \
+                and loop.body.kind == tirx.ForKind.UNROLLED and isinstance(loop.body.body, tirx.For) \
+                and loop.body.body.kind == tirx.ForKind.VECTORIZED:
+            found.append((int(loop.extent), int(loop.body.extent)))
+
+    tvm_ffi.structural_walk(mod["main"], (tirx.For, visit))
+    return found
+
+
+def test_rows_the_default_block_does_not_divide_keep_accumulators_busy():
+    """7 x 7 pixels (ConvNeXt's last stage): the default 4-row block does not divide 7 rows, and its largest
+    divisor (1 row x 4 vectors) leaves the FMAs waiting on loads; 7 rows x 2 vectors divide and fill 14."""
+    from tvm_ascendfuse.schedule.contraction import dividing_block
+
+    assert dividing_block(7, 768, 16, 16, (1, 4)) == (7, 2)
+    assert dividing_block(197, 128, 16, 16, (1, 2)) == (1, 8)          # a prime row count: one row, widest
+    shapes = [(1, 7, 7, 64), (64, 96), (96,), (1, 7, 7, 96), (96,), (96,)]
+    build = lambda x, w, b, r, g, be: op.nn.layer_norm(op.add(op.add(op.matmul(x, w), b), r), g, be, [-1])
+    mod = check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)
+    assert (7, 2) in _register_blocks(mod), _register_blocks(mod)
+
+
+def test_residual_output_then_norm_read_as_a_window_of_rows():
+    """Swin's block end: matmul + bias + residual (the sum also leaves the kernel), LayerNorm, then the next
+    block's cyclic shift of the normalised rows (a concat of two row slices). The norm runs once per row and
+    the shift after it; the bias add in front of the residual output is inlined."""
+    from tvm import relax
+
+    def build(x, w, b, r, g, be):
+        h = op.add(op.add(op.matmul(x, w), b), r)
+        n = op.nn.layer_norm(h, g, be, [-1])
+        rolled = op.concat([op.strided_slice(n, [1], [6], [9]), op.strided_slice(n, [1], [0], [6])], axis=1)
+        return relax.Tuple([h, rolled])
+
+    shapes = [(1, 9, 9, 32), (32, 48), (48,), (1, 9, 9, 48), (48,), (48,)]
+    check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)

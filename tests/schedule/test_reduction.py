@@ -194,3 +194,49 @@ def test_rows_no_full_vector_divides(keys):
     width = partials_width(keys, 16)
     assert width == {100: 20, 1500: 60}[keys]
     assert lanes.get("T_softmax_maxelem_rf_update") == {width}, lanes
+
+
+def _norm_then_roll(h: int, shift: int):
+    """LayerNorm over the channels of NHWC, then a cyclic shift of the rows along H (Swin's roll: a concat of
+    two row slices of the normalised tensor)."""
+    def build(x, g, b):
+        y = op.nn.layer_norm(x, g, b, [-1])
+        return op.concat([op.strided_slice(y, [1], [h - shift], [h]), op.strided_slice(y, [1], [0], [h - shift])],
+                         axis=1)
+    return build
+
+
+def _loop_work(func) -> int:
+    """Iterations of every innermost loop body of a scheduled kernel (what it computes, recomputation included)."""
+    total = [0]
+
+    def visit(stmt, outer):
+        if isinstance(stmt, tirx.For):
+            ext = int(stmt.extent) if isinstance(stmt.extent, tirx.IntImm) else 1
+            visit(stmt.body, outer * ext)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, outer)
+        elif hasattr(stmt, "block"):
+            visit(stmt.block.body, outer)
+        elif hasattr(stmt, "body") and stmt.body is not None:
+            visit(stmt.body, outer)
+        else:
+            total[0] += outer
+
+    visit(func.body, 1)
+    return total[0]
+
+
+@pytest.mark.parametrize("shape,shift", [((1, 12, 12, 32), 3), ((2, 9, 7, 20), 4)])
+def test_norm_read_as_a_window_of_rows_is_not_recomputed_per_row(shape, shift):
+    """The rows of the norm are computed once, then the shift reads them: computed per output row instead,
+    every row would recompute the whole window of rows the concat's two slices span (Swin-T: 57 rows)."""
+    c = shape[-1]
+    func = fused_kernel(_norm_then_roll(shape[1], shift), [shape, (c,), (c,)])
+    mod = check_rule(ReductionRule(), func, host=NATIVE)
+    elems = 1
+    for d in shape:
+        elems *= d
+    # sums, squared sums, the normalised row and the shifted copy: a few passes over the tensor, not H of them
+    assert _loop_work(mod["main"]) <= 8 * elems

@@ -4,7 +4,9 @@
 
 0. ``StaticShapeCanonicalizePass`` before everything: it evaluates shape arithmetic on static tensors, so a
    slice or reshape fed by ``Shape`` gets a static shape (and legalization can emit its kernel); the
-   matchers below need static shapes too.
+   matchers below need static shapes too. ``IdentityCopyFusionPass`` right after it drops the kernel calls
+   that have become plain copies with the static shapes (a shape-dependent ONNX Pad by zero: Swin), so no
+   matcher or rule sees them.
 1. ``FocusConvFusionPass`` first of the rewrites: it replaces the Focus conv by a new stride-2 conv, so a BatchNorm after
    it is later folded into *that* conv.
 2. ``ScaledDotProductAttentionFusionPass`` then ``TransposeChainFusionPass``: one-op attention (PyTorch
@@ -56,6 +58,7 @@ from .conv_sibling_merge import ConvSiblingMergeFusionPass
 from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
 from .gemm_row_layout import GemmRowLayoutFusionPass
+from .identity_copy import IdentityCopyFusionPass
 from .layer_norm import LayerNormFusionPass
 from .layout_chain import LayoutChainFusionPass
 from .matmul_bias_add import MatMulBiasAddFusionPass
@@ -69,6 +72,7 @@ from .transpose_chain import TransposeChainFusionPass
 
 GRAPH_FUSION_PASSES: list = [
     StaticShapeCanonicalizePass,
+    IdentityCopyFusionPass,
     FocusConvFusionPass,
     ScaledDotProductAttentionFusionPass,
     TransposeChainFusionPass,

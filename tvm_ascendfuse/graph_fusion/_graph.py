@@ -376,3 +376,33 @@ class _Apply(relax.PyExprMutator):
             return
         value = self.builder_.normalize(self.visit_expr(new))
         self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+
+
+@relax.expr_functor.mutator
+class Rewire(relax.PyExprMutator):
+    """Uses of an aliased variable read its source instead; the alias binding is dropped when it is a dataflow
+    variable (an output variable keeps a binding, so the function still returns it)."""
+
+    def __init__(self, alias: dict):
+        super().__init__()
+        self.alias = alias
+
+    def _source(self, var):
+        while var in self.alias:
+            var = self.alias[var]
+        return var
+
+    def visit_var_(self, var):
+        if var in self.alias:
+            return self.visit_expr(self._source(var))
+        return super().visit_var_(var)
+
+    def visit_dataflow_var_(self, var):
+        if var in self.alias:
+            return self.visit_expr(self._source(var))
+        return super().visit_dataflow_var_(var)
+
+    def visit_var_binding_(self, binding):
+        if binding.var in self.alias and isinstance(binding.var, relax.DataflowVar):
+            return
+        super().visit_var_binding_(binding)

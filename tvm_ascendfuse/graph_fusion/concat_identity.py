@@ -18,7 +18,7 @@ from tvm import relax
 
 from ..switches import CONCAT_IDENTITY as NAME
 from ..fusion_pass import FusionPass
-from ._graph import FunctionGraph
+from ._graph import FunctionGraph, Rewire
 
 
 class ConcatIdentityFusionPass(FusionPass):
@@ -42,34 +42,4 @@ class ConcatIdentityFusionPass(FusionPass):
                 alias[var] = parts.fields[0]
         if not alias:
             return func
-        return _Rewire(alias).visit_expr(func)
-
-
-@relax.expr_functor.mutator
-class _Rewire(relax.PyExprMutator):
-    """Uses of an aliased variable read its source instead; the alias binding is dropped when it is a dataflow
-    variable (an output variable keeps a binding, so the function still returns it)."""
-
-    def __init__(self, alias: dict):
-        super().__init__()
-        self.alias = alias
-
-    def _source(self, var):
-        while var in self.alias:
-            var = self.alias[var]
-        return var
-
-    def visit_var_(self, var):
-        if var in self.alias:
-            return self.visit_expr(self._source(var))
-        return super().visit_var_(var)
-
-    def visit_dataflow_var_(self, var):
-        if var in self.alias:
-            return self.visit_expr(self._source(var))
-        return super().visit_dataflow_var_(var)
-
-    def visit_var_binding_(self, binding):
-        if binding.var in self.alias and isinstance(binding.var, relax.DataflowVar):
-            return
-        super().visit_var_binding_(binding)
+        return Rewire(alias).visit_expr(func)

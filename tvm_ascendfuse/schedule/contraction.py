@@ -91,6 +91,26 @@ def schedule_contraction(sch, block, lanes: int, accumulators: int = 16):
     return j0
 
 
+def dividing_block(i_ext: int, j_ext: int, v: int, accumulators: int, fallback: tuple[int, int]) -> tuple[int, int]:
+    """(mr, nvec) for rows that the default register block does not divide, when the largest divisor of the
+    rows below the default leaves fewer than half the accumulators busy: mr dividing the rows, nvec
+    vectors dividing the columns, within the accumulators, with the fewest loads per FMA ((mr + nvec) /
+    (mr * nvec): one broadcast per row and one load per vector each k step), more rows first on a tie.
+    Shrinking only the rows to a divisor can leave one row (7 rows: 1 x 4 vectors, 1.25 loads per FMA and
+    memory-bound; 7 x 2 makes 0.64)."""
+    best, best_key = fallback, None
+    for nvec in (1, 2, 4, 8):
+        if j_ext % (nvec * v):
+            continue
+        for mr in range(1, min(i_ext, accumulators) + 1):
+            if i_ext % mr or mr * nvec > accumulators:
+                continue
+            key = ((mr + nvec) / (mr * nvec), -mr)
+            if best_key is None or key < best_key:
+                best, best_key = (mr, nvec), key
+    return best
+
+
 def gemm_root_candidates(default: tuple[int, int], i_ext, j_ext: int, v: int,
                          accumulators: int = 16) -> list[tuple[int, int]]:
     """(mr, nvec) register blocks a tuner may try for ``schedule_gemm_root``: the default first, then every
@@ -133,6 +153,8 @@ def schedule_gemm_root(sch, block, lanes: int, cores: int, accumulators: int = 1
         nvec = 1
     if i_ext is not None and i_ext % mr:
         mr = largest_divisor(i_ext, mr)
+        if 2 * mr * nvec < accumulators:
+            mr, nvec = dividing_block(i_ext, j_ext, v, accumulators, (mr, nvec))
     if choose is not None:
         default = (mr, nvec)
         mr, nvec = choose(sch, default, lambda: gemm_root_candidates(default, i_ext, j_ext, v, accumulators))

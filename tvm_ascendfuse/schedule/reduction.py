@@ -17,11 +17,11 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
-from .analysis import is_contraction, leading_spatial
+from .analysis import conv_block_head, is_contraction, leading_spatial
 from .base import UB_SCOPE, ScheduleRule, Scheduled
 from .common import (block_infos, blocks_under, buffer_bytes, extent, get_realize, innermost_vector, is_output_block,
                      largest_divisor, loops_through, num_cores, ok, parallel_vector, root_blocks,
-                     transitive_producers, try_, vector_lanes, vector_storable, vector_width_for)
+                     still_exists, transitive_producers, try_, vector_lanes, vector_storable, vector_width_for)
 from .contraction import (contiguous_along_output, inline_operand_chain, micro_tile, pad_output_axis,
                           producer_to_stage, schedule_contraction, schedule_gemm_root)
 from .injective import tile_injective
@@ -118,6 +118,10 @@ class GemmNormRule(ScheduleRule):
         if len(products) != 1:
             return None
         gi = products[0]
+        if conv_block_head(sch.get(infos[gi].block_rv)) is not None:
+            # a conv's three reduction iterators leave it to the untiled contraction below: scalar, far
+            # slower than the conv rule's tiles (Swin's 4x4 patch conv + LayerNorm ran 25x the two apart)
+            return None
         first_red = next((i for i in range(gi + 1, len(infos)) if infos[i].is_reduction()), None)
         if first_red is None or any(b.is_reduction() for b in infos[:gi]):
             return None
@@ -183,7 +187,8 @@ class GemmNormRule(ScheduleRule):
         for b in stages:
             parallel_vector(sch, b.block_rv, lanes)
         for b in chain[:max(0, last_out + 1)]:
-            if is_output_block(sch, b.block_rv):
+            # (the chain in front of the output was inlined above: only the output block is left)
+            if still_exists(sch, b.block_rv) and is_output_block(sch, b.block_rv):
                 tile_injective(sch, b.block_rv, target, host, stage=True)
         under = self._gemm_at_row_blocks(sch, gemm.block_rv) if rb > 1 else None
         if under is not None:
@@ -320,6 +325,18 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         elif not ok(sch.compute_inline, info.block_rv) and full_row:
             staged.append(info.block_rv)
 
+    # A last block that reads a window of rows of the stage (Swin's cyclic shift: a concat of two row slices
+    # of the normalised tensor) would, computed per row, recompute every row of the window for each of its
+    # rows. The row stage then ends at the block it reads that way, written whole, and the last block runs
+    # after it as an injective stage.
+    cut = _row_window_producer(sch, infos, nrow) if row_block == 1 else None
+    if cut is not None:
+        stage = [b for b in infos[:cut + 1] if still_exists(sch, b.block_rv)]
+        done, note = schedule_rows(sch, stage, target, host, also=also, choose=choose)
+        if done:
+            tile_injective(sch, last.block_rv, target, host)
+        return done, note
+
     # Does one row fit? inputs + staged rows + output, double-buffered.
     stmt = sch.get(last.block_rv)
     n_row_buffers = len(staged) + len(stmt.writes) + len(
@@ -404,6 +421,36 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
     for blk in blocks_under(sch, row):
         _vectorise_row_block(sch, blk, rf_names, lanes)
     return True, note
+
+
+def _row_window_producer(sch: s_tir.Schedule, infos, nrow: int) -> int | None:
+    """Index in ``infos`` of a block whose output the last block reads over more than one value of an axis
+    indexed by the last block's row iterators (a window of rows), when that block is not a reduction and
+    every block after it is injective; None otherwise."""
+    last = sch.get(infos[-1].block_rv)
+    if any(b.is_reduction() for b in infos[-1:]):
+        return None
+    rows = [iv.var for iv in last.iter_vars[:nrow]]
+    writer = {}
+    for i, b in enumerate(infos[:-1]):
+        if still_exists(sch, b.block_rv):
+            for w in sch.get(b.block_rv).writes:
+                writer[w.source.name] = i
+    for region in last.reads:
+        i = writer.get(region.source.name)
+        if i is None or infos[i].is_reduction():
+            continue
+        for r in region.region:
+            wide = not (isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1)
+            if wide and any(_uses_var(r.min, v) for v in rows):
+                return i if all(not b.is_reduction() for b in infos[i + 1:]) else None
+    return None
+
+
+def _uses_var(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None))
+    return bool(found)
 
 
 def _strided_rows(sch: s_tir.Schedule, infos, staged, also, nrow: int, rows: tuple, row_bytes: int,

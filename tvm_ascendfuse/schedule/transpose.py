@@ -20,6 +20,8 @@ from tvm.s_tir import ScheduleError, TensorIntrin
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
+from .common import predicated
+
 ROWS, LANES = 8, 16        # columns x channels of the tile: AVX-512 fp32 with 8 output columns
 
 
@@ -314,10 +316,12 @@ def transpose_to_nchw(sch, copy, lanes: int) -> bool:
     """Tensorize ``copy``, a block storing an NCHW[lanes]c tile of one row and ``cols`` columns from UB into
     an NCHW buffer (loops (..., c, x) over lanes channels and cols columns), as one register transpose:
     ``cols`` whole-vector loads instead of one lane extract and scalar store per element. Tried on a copy
-    first: False (schedule untouched) when the tile does not apply."""
+    first: False (schedule untouched) when the tile does not apply. A guarded copy (a column block that
+    does not divide the width, so the last tile is predicated) is left as it is: TVM 0.27's tensorize fails
+    an internal check on a predicated block instead of refusing it."""
     dtype = str(sch.get(copy).writes[0].source.ty.dtype)
     loops = sch.get_loops(copy)
-    if len(loops) < 2:
+    if len(loops) < 2 or predicated(sch, copy):
         return False
     cols, chans = (sch.get(lp).extent for lp in loops[-1:-3:-1])
     if not all(isinstance(e, tvm.tirx.IntImm) for e in (cols, chans)) or int(chans) != lanes:
