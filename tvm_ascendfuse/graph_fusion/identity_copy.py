@@ -24,7 +24,7 @@ from tvm import relax, s_tir, tirx
 
 from ..fusion_pass import FusionPass
 from ..switches import IDENTITY_COPY as NAME
-from ._graph import FunctionGraph, Rewire
+from ._graph import FunctionGraph, Rewire, static_shape
 
 
 class IdentityCopyFusionPass(FusionPass):
@@ -43,7 +43,7 @@ class IdentityCopyFusionPass(FusionPass):
             if not isinstance(args, relax.Tuple) or len(args.fields) != 1:
                 continue
             src = args.fields[0]
-            callee = mod.functions.get(call.args[0]) if call.args[0] in mod.functions else None
+            callee = mod.functions.get(call.args[0])
             if not isinstance(callee, tirx.PrimFunc) or not _same_tensor_type(src, var):
                 continue
             if is_identity_copy(callee) and self.take(var.name, kernel=call.args[0].name_hint):
@@ -54,14 +54,8 @@ class IdentityCopyFusionPass(FusionPass):
 
 
 def _same_tensor_type(a, b) -> bool:
-    ta, tb = getattr(a, "ty", None), getattr(b, "ty", None)
-    if not isinstance(ta, relax.TensorType) or not isinstance(tb, relax.TensorType):
-        return False
-    if ta.dtype != tb.dtype or ta.shape is None or tb.shape is None:
-        return False
-    sa, sb = list(ta.shape.values), list(tb.shape.values)
-    return len(sa) == len(sb) and all(isinstance(x, tirx.IntImm) and isinstance(y, tirx.IntImm)
-                                      and int(x) == int(y) for x, y in zip(sa, sb))
+    shape = static_shape(a)
+    return shape is not None and shape == static_shape(b) and str(a.ty.dtype) == str(b.ty.dtype)
 
 
 def is_identity_copy(func: tirx.PrimFunc) -> bool:

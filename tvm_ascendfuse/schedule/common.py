@@ -296,14 +296,5 @@ def blocks_under(sch: s_tir.Schedule, loop) -> list:
 
 def predicated(sch: s_tir.Schedule, block) -> bool:
     """Whether ``block`` is realized under a predicate other than constant true (a tail tile's guard)."""
-    name = sch.get(block).name_hint
-    preds = []
-
-    def visit(stmt):
-        if isinstance(stmt, s_tir.SBlockRealize) and stmt.block.name_hint == name:
-            preds.append(stmt.predicate)
-
-    for func in sch.mod.functions.values():
-        if isinstance(func, tirx.PrimFunc):
-            tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, visit), order="pre")
-    return any(not (isinstance(p, tirx.IntImm) and int(p) == 1) for p in preds)
+    pred = get_realize(sch, block).predicate
+    return not (isinstance(pred, tirx.IntImm) and int(pred) == 1)

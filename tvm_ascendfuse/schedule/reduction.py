@@ -17,7 +17,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
-from .analysis import conv_block_head, is_contraction, leading_spatial
+from .analysis import conv_block_head, is_contraction, leading_spatial, uses_var
 from .base import UB_SCOPE, ScheduleRule, Scheduled
 from .common import (block_infos, blocks_under, buffer_bytes, extent, get_realize, innermost_vector, is_output_block,
                      largest_divisor, loops_through, num_cores, ok, parallel_vector, root_blocks,
@@ -427,9 +427,9 @@ def _row_window_producer(sch: s_tir.Schedule, infos, nrow: int) -> int | None:
     """Index in ``infos`` of a block whose output the last block reads over more than one value of an axis
     indexed by the last block's row iterators (a window of rows), when that block is not a reduction and
     every block after it is injective; None otherwise."""
-    last = sch.get(infos[-1].block_rv)
-    if any(b.is_reduction() for b in infos[-1:]):
+    if infos[-1].is_reduction():
         return None
+    last = sch.get(infos[-1].block_rv)
     rows = [iv.var for iv in last.iter_vars[:nrow]]
     writer = {}
     for i, b in enumerate(infos[:-1]):
@@ -442,15 +442,9 @@ def _row_window_producer(sch: s_tir.Schedule, infos, nrow: int) -> int | None:
             continue
         for r in region.region:
             wide = not (isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1)
-            if wide and any(_uses_var(r.min, v) for v in rows):
+            if wide and any(uses_var(r.min, v) for v in rows):
                 return i if all(not b.is_reduction() for b in infos[i + 1:]) else None
     return None
-
-
-def _uses_var(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None))
-    return bool(found)
 
 
 def _strided_rows(sch: s_tir.Schedule, infos, staged, also, nrow: int, rows: tuple, row_bytes: int,

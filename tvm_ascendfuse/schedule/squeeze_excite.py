@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
-from .analysis import LOAD, has_reduce, is_cheap, is_contraction, strip_cast
+from .analysis import LOAD, has_reduce, is_cheap, is_contraction, strip_cast, uses_var
 from .base import UB_SCOPE, ScheduleRule
 from .common import buffer_bytes, extent, ok, root_blocks, try_, vector_lanes, vector_width_for
 from .layout import mark_prepack, packable_param
@@ -166,7 +165,7 @@ def _fc_part(sch, block, at: int, v: int) -> None:
 
     def binds(lp, pick):
         var = sch.get(lp).loop_var
-        return any(pick(i, iv) and _mentions(val, var) for i, (iv, val) in enumerate(zip(ivs, values)))
+        return any(pick(i, iv) and uses_var(val, var) for i, (iv, val) in enumerate(zip(ivs, values)))
 
     ch = [lp for lp in loops if binds(lp, lambda i, _: i == at)]
     reduce = [lp for lp in loops if binds(lp, lambda _, iv: iv.iter_type != tirx.IterVar.DataPar)]
@@ -185,12 +184,6 @@ def _fc_part(sch, block, at: int, v: int) -> None:
     init = try_(sch.decompose_reduction, block, rwide[0])
     if init is not None and v > 1:
         try_(sch.vectorize, sch.get_loops(init)[-1])
-
-
-def _mentions(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tvm.ir.Var, lambda x: found.append(x) if x.same_as(var) else None))
-    return bool(found)
 
 
 def _plane_sum(sch, block) -> tuple[int, int] | None:
