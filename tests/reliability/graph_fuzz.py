@@ -11,6 +11,11 @@ convs whose outputs are concatenated and consumed), bool ops (compare, and/or/xo
 integer arithmetic (int8/int32/int64 round trips) and a data-dependent length (``arange`` of a count read
 from the input, as ONNX Range/NonZero give), whose value and, as a side output, whose shape depend on data.
 
+And GEMM/conv epilogues with layout ops between their elementwise ops (``layout_epilogue``): a projection
+split into heads whose width need not divide, or be divided by, a register block (LeViT's 8 x 80), broadcast
+scales per head or per column, transposes, a flatten into rows of another width, a conv's plane flattened
+and transposed into tokens (a ViT stem). The epilogue's result is returned too, so it ends a kernel.
+
 A graph is drawn as a ``GraphSpec`` (plain data, so hypothesis prints a readable minimal failing example)
 and built with ``spec.build()``. Every op keeps the working shape, so any value can feed any later op;
 values stay bounded (tanh/sigmoid/norms before exp, division only by 1 + sigmoid). Bool and integer values
@@ -39,7 +44,7 @@ UNARY_EXTRA = ("gelu", "gelu_tanh", "silu", "clip6", "leaky_relu", "sqrt_abs", "
 BINARY_EXTRA = ("minimum", "divide_pos")
 OPS = ("unary", "binary", "bias", "reduce_epilogue", "matmul", "conv2d", "layer_norm", "rms_norm", "softmax",
        "concat_slice", "split_concat", "reshape_round_trip", "transpose", "tuple",
-       "conv_kind", "logic", "int_ops", "data_dependent")
+       "conv_kind", "logic", "int_ops", "data_dependent", "layout_epilogue")
 ODD_DIMS = (1, 3, 5, 7, 8, 12, 16)
 
 
@@ -318,6 +323,53 @@ class _Builder:
         return o.add(a, scale)
 
 
+    # ---- GEMM / conv epilogues with layout ops between the elementwise ops ---------------------------------
+    def _layout_epilogue(self, op, a, b, rng):
+        """``x @ W1`` (or a conv) -> layout ops and broadcasts -> returned; then back to the working shape
+        (``@ W2``, or the inverse layout ops) so later ops can use it. Head widths 5, 20 and 40 are cut by
+        register blocks of 8, 16 or 32 columns."""
+        o = relax.op
+        if self.spec.rank == 4 and op.variant in ("tokens", "flatten"):
+            return self._conv_layout_epilogue(op, a, rng)
+        k = self.spec.shape[-1]
+        heads, d = (2, 20) if op.variant == "flatten" else (int(rng.integers(1, 4)), int(rng.choice([5, 20, 40])))
+        n = heads * d
+        lead = tuple(self.shape[:-1])
+        y = self.bb.emit(o.matmul(a, _const(rng, (k, n), 1.0 / np.sqrt(k))))
+        if op.variant == "flatten" and isinstance(lead[0], int):
+            rows = int(np.prod(lead)) * n // 8                     # rows of 8 across the GEMM's rows
+            z = self.bb.emit(o.reshape(y, (rows, 8)))
+            z = self.bb.emit(o.add(o.multiply(z, _const(rng, (8,))), _const(rng, (rows, 1))))
+            z = self.bb.emit(o.reshape(z, (*lead, n)))
+        else:
+            z = self.bb.emit(o.reshape(y, (*lead, heads, d)))
+            z = self.bb.emit(o.multiply(z, _const(rng, (heads, 1))))              # per head, broadcast
+            z = self.bb.emit(o.add(z, _const(rng, (d,))))                          # per column of a head
+            if op.variant == "transpose":
+                axes = list(range(len(lead) + 2))
+                axes[-1], axes[-2] = axes[-2], axes[-1]
+                z = self.bb.emit(o.sigmoid(self.bb.emit(o.permute_dims(z, axes))))   # (..., d, heads)
+            self.side.append(z)
+            z = self.bb.emit(o.reshape(z, (*lead, n)))
+        return o.matmul(z, _const(rng, (n, k), 1.0 / np.sqrt(n)))
+
+    def _conv_layout_epilogue(self, op, a, rng):
+        """conv -> (N, C, H*W) -> tokens (N, H*W, C) x per-channel scale (+ a flatten across planes) -> back."""
+        o = relax.op
+        nb, c, h, w = self.spec.shape
+        lead = self.shape[0]
+        y = self.bb.emit(o.nn.conv2d(a, _const(rng, (c, c, 3, 3), 1.0 / (3 * np.sqrt(c))), padding=[1] * 4))
+        if op.variant == "flatten" and isinstance(lead, int) and (nb * c * h * w) % 4 == 0:
+            z = self.bb.emit(o.reshape(y, (nb * c * h * w // 4, 4)))
+            z = self.bb.emit(o.nn.relu(o.add(z, _const(rng, (4,)))))
+            self.side.append(z)
+            return o.reshape(z, self.shape)
+        t = self.bb.emit(o.permute_dims(self.bb.emit(o.reshape(y, (lead, c, h * w))), [0, 2, 1]))
+        t = self.bb.emit(o.add(o.multiply(t, _const(rng, (c,))), _const(rng, (h * w, 1))))
+        self.side.append(t)
+        return o.reshape(o.permute_dims(t, [0, 2, 1]), self.shape)
+
+
 VARIANTS = {
     "unary": UNARY + UNARY_EXTRA,
     "binary": BINARY + BINARY_EXTRA,
@@ -337,6 +389,7 @@ VARIANTS = {
     "logic": ("max_where", "and_mul", "or_relu", "xor_mul", "not_leaky", "mask_out"),
     "int_ops": ("int8", "int32", "int64"),
     "data_dependent": ("value", "side"),
+    "layout_epilogue": ("heads", "transpose", "flatten", "tokens"),
 }
 
 

@@ -39,6 +39,7 @@ from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
 from .partial_sums import vector_partial_sums
+from .row_blocks import tiles_are_boxes
 
 
 # Output columns up to which padding M (a copy of all of A, when A does not fit the cache) costs more than a
@@ -301,7 +302,7 @@ class MatmulRule(ScheduleRule):
             a_ub = sch.cache_read(mm, info.a_read, UB_SCOPE)  # mr x kc A panel per K chunk
             sch.compute_at(a_ub, kl[0])
             vectorize_inner(sch, a_ub, a_lanes)
-        if not self._epilogue(sch, epi, i0, hv.lanes(c_dtype), out_shape):
+        if not self._epilogue(sch, epi, i0, hv.lanes(c_dtype), out_shape, _tile_of(sch, info, t)):
             # an epilogue that cannot consume the tile in place (a layout change the region analysis cannot
             # follow) reads the whole result: keep it in memory, not in UB
             sch.set_scope(mm, 0, "global")
@@ -324,8 +325,12 @@ class MatmulRule(ScheduleRule):
         sch.annotate(mm, "ascendfuse.schedule", f"{'packed ' if packed else ''}{'padded ' if pad_m or pad_n else ''}{t}")
         return sch
 
-    def _epilogue(self, sch, epi_blocks, i0, lanes, out_shape) -> bool:
-        """Fuse the epilogue into the register block; False when some block stays at the root."""
+    def _epilogue(self, sch, epi_blocks, i0, lanes, out_shape, tile) -> bool:
+        """Fuse the epilogue into the register block; False when some block stays at the root.
+
+        ``tile``: (the accumulator, its tile sizes per axis). A block follows the tile only when it reads each
+        tile as a box of its own iterations (``tiles_are_boxes``); a reshape that cuts tiles apart (a head
+        split of 80 columns under 32-column tiles) would otherwise be given part of a head per tile."""
         if not epi_blocks:
             return True
         placed = True
@@ -334,13 +339,32 @@ class MatmulRule(ScheduleRule):
         for b in inner:
             if not ok(sch.compute_inline, b):
                 leftover.append(b)
+        acc, sizes = tile
+        tiled = [acc]                  # buffers written per tile: the accumulator and the blocks placed so far
         for b in leftover + [last]:
-            if not tile_local(sch, b, out_shape) or not ok(sch.reverse_compute_at, b, i0):
+            stmt = sch.get(b)
+            src = next((buf for buf in tiled for r in stmt.reads if r.source.same_as(buf)), None)
+            if src is None or not tile_local(sch, b, out_shape) or not tiles_are_boxes(stmt, src, sizes) \
+                    or not ok(sch.reverse_compute_at, b, i0):
                 parallel_vector(sch, b, lanes)
                 placed = False
                 continue
+            tiled += [w.source for w in sch.get(b).writes if len(w.source.ty.shape) == len(sizes)]
             vectorize_inner(sch, b, lanes)
         return placed
+
+
+def _tile_of(sch, info: GemmBlock, t: GemmTiles):
+    """The GEMM's accumulator and the tile one register block of it is per axis: ``mr`` rows, ``nr`` columns,
+    one index of every batch and outer row axis."""
+    stmt = sch.get(info.block)
+    iters = [iv.var for iv in stmt.iter_vars]
+    write = stmt.writes[0]
+    sizes = []
+    for rg in write.region:
+        pos = next((p for p, v in enumerate(iters) if rg.min.same_as(v)), None)
+        sizes.append(t.mr if pos == info.m[-1] else t.nr if pos == info.n else 1)
+    return write.source, sizes
 
 
 def _producer_to_stage(sch, pro, info: GemmBlock, operand):

@@ -1,0 +1,55 @@
+"""row_blocks.tiles_are_boxes: which tiles of a producer an epilogue reads as boxes of its own iterations."""
+
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.relax import op
+
+from tests.schedule.kernels import fused_kernel
+from tvm_ascendfuse.schedule.row_blocks import tiles_are_boxes
+
+
+def _gemm_and_epilogue(build, shapes):
+    """(the GEMM's block, the epilogue's last block with the blocks between inlined, as the rules do)."""
+    sch = s_tir.Schedule(fused_kernel(build, shapes))
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    gemm = next(b for b in blocks if b.init is not None)
+    for b in blocks[blocks.index(gemm) + 1:-1]:
+        sch.compute_inline(sch.get_sblock(b.name_hint))
+    return gemm, sch.get(sch.get_sblock(blocks[-1].name_hint))
+
+
+def test_head_split_boxes_only_tiles_that_divide_or_hold_whole_heads():
+    """Columns cut into heads of 80: tiles of 16 or 40 stay inside a head, 160 holds two whole heads; 32 and
+    48 cross a head at different points (LeViT's projection under 32-column register blocks)."""
+    gemm, epi = _gemm_and_epilogue(lambda x, w: op.reshape(op.matmul(x, w), (1, 6, 8, 80)), [(1, 6, 16), (16, 640)])
+    acc = gemm.writes[0].source
+    for cols, box in [(16, True), (40, True), (80, True), (160, True), (32, False), (48, False), (640, True)]:
+        assert tiles_are_boxes(epi, acc, [1, 2, cols]) is box, cols
+    assert tiles_are_boxes(epi, acc, [1, None, 32]) is False
+    assert tiles_are_boxes(epi, acc, [1, 4, None]) is True
+
+
+def test_rows_one_to_one_with_an_iterator_are_always_boxes():
+    gemm, epi = _gemm_and_epilogue(lambda x, w, b: op.nn.relu(op.add(op.matmul(x, w), b)), [(7, 16), (16, 40), (40,)])
+    acc = gemm.writes[0].source
+    assert tiles_are_boxes(epi, acc, [3, 32])
+    assert tiles_are_boxes(epi, acc, [None, 7])
+
+
+def test_two_reads_in_different_tiles_are_not_one_box():
+    """``y[:, j] * y[:, j + 32]`` (a gate read from the other half): each iteration reads two tiles of 32. TVM
+    gives the block one read window of 33 columns; a window is not analysed, so no tile is taken as a box."""
+    def build(x, w):
+        y = op.matmul(x, w)
+        return op.multiply(op.strided_slice(y, [1], [0], [32]), op.strided_slice(y, [1], [32], [64]))
+
+    gemm, epi = _gemm_and_epilogue(build, [(4, 16), (16, 64)])
+    acc = gemm.writes[0].source
+    assert tiles_are_boxes(epi, acc, [4, 32]) is False
+    assert tiles_are_boxes(epi, acc, [4, 64]) is False
+
+
+def test_a_block_that_does_not_read_the_buffer_is_not_placed():
+    gemm, epi = _gemm_and_epilogue(lambda x, w: op.nn.relu(op.matmul(x, w)), [(4, 16), (16, 64)])
+    assert tiles_are_boxes(gemm, epi.writes[0].source, [4, 32]) is False
