@@ -48,7 +48,9 @@ from tvm_ascendfuse.workloads import WORKLOAD_IDS, WORKLOADS  # noqa: E402
 
 ORT_THREADS = 2
 SWITCH_PAUSE_S = 0.03          # let the previous runner's spinning threads go to sleep
-AGREE_TOL = {"rtol": 1e-3, "atol": 1e-3}   # full-size fp32 reductions reorder sums differently per runtime
+# outputs agree when max |out - ORT| <= AGREE_TOL x max |ORT|: relative to the output's own scale, so a small
+# output cannot pass a wrong kernel (full-size fp32 reductions reorder sums differently per runtime)
+AGREE_TOL = 1e-3
 
 
 @dataclass
@@ -188,7 +190,8 @@ def agreement(out: np.ndarray | None, ref: np.ndarray) -> dict[str, Any]:
     if out is None:
         return {"agree": None, "max_abs_err": None}
     err = float(np.max(np.abs(out.astype(np.float64) - ref)))
-    return {"agree": bool(np.allclose(out, ref, **AGREE_TOL)), "max_abs_err": err}
+    scale = float(np.max(np.abs(ref)))
+    return {"agree": bool(np.all(np.isfinite(out)) and err <= AGREE_TOL * scale), "max_abs_err": err}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from tvm import relax
 
 from tvm_ascendfuse.cli import main
 from tvm_ascendfuse.workloads import conv_bn_relu
+from tests.helpers import assert_close
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -43,10 +44,23 @@ def test_compile_writes_library_ir_and_report(small_model, tmp_path, capsys):
     ours = vm["main"](tvm.runtime.tensor(x)).numpy()
     sess = ort.InferenceSession(small_model.read_bytes(), providers=["CPUExecutionProvider"])
     ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
-    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)
+    assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
     assert main(["report", str(out / "fusion_result.json")]) == 0
     assert "ConvBatchnormFusionPass" in capsys.readouterr().out
+
+
+def test_library_written_with_verify_loads_without_warnings(small_model, tmp_path):
+    """``--verify`` runs the executable; TVM's VM then records an empty memory scope per constant, which a
+    library exported afterwards carries and prints on every load ("Scope Loaded:"). The CLI writes the library
+    first: loading it prints nothing."""
+    out = tmp_path / "out"
+    assert main(["compile", str(small_model), "-o", str(out), "--portable", "--verify", "--quiet"]) == 0
+    code = ("import tvm; from tvm import relax; "
+            f"relax.VirtualMachine(tvm.runtime.load_module({str(out / 'cbr.so')!r}), tvm.cpu())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Warning" not in proc.stderr + proc.stdout, proc.stderr[-2000:]
 
 
 def test_switch_file_turns_pass_off(small_model, tmp_path):

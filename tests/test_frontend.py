@@ -24,6 +24,7 @@ import tvm_ascendfuse
 from tvm_ascendfuse.cli import main
 from tvm_ascendfuse.errors import ModelError, UnsafeModelError
 from tvm_ascendfuse.frontend import import_onnx, load_onnx
+from tests.helpers import assert_close
 
 W = np.arange(12, dtype="float32").reshape(3, 4) / 7.0
 
@@ -91,7 +92,7 @@ def test_external_data_inside_the_folder_loads_and_computes(tmp_path):
     result = tvm_ascendfuse.compile_model(import_onnx(path), portable=True)
     x = np.ones((3, 4), "float32")
     out = relax.VirtualMachine(result.executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    np.testing.assert_allclose(out, x + W, rtol=1e-6)
+    assert_close(out, x + W, rtol=1e-6)
 
 
 def test_symlink_inside_the_folder_is_fine(tmp_path):

@@ -22,6 +22,7 @@ from tvm_ascendfuse.workloads import (WORKLOADS, bert_layer, conv_bn_relu, focus
                                       mlp3, resnet50, resnet_basic_block)
 
 from .helpers import compile_ours, kernel_count, run_reference, run_vm, tol
+from tests.helpers import assert_close
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -109,7 +110,7 @@ def test_bad_builder_arguments_raise_model_error(build, message):
 def test_tvm_default_pipeline_matches_onnxruntime(name):
     """The import itself is right: TVM's own pipeline agrees with onnxruntime (separates import bugs from ours)."""
     model, x, ref, _, _ = compiled(name)
-    np.testing.assert_allclose(run_reference(import_onnx(model), [x]), ref, **tol("float32"))
+    assert_close(run_reference(import_onnx(model), [x]), ref, **tol("float32"))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_tvm_default_pipeline_matches_onnxruntime(name):
 @pytest.mark.parametrize("name", list(SMALL))
 def test_our_pipeline_matches_onnxruntime(name):
     _, _, ref, _, ours = compiled(name)
-    np.testing.assert_allclose(ours, ref, **tol("float32"))
+    assert_close(ours, ref, **tol("float32"))
 
 
 def test_conv_bn_relu_is_one_kernel():
@@ -204,4 +205,4 @@ def test_full_size_workload_matches_onnxruntime(name):
     model = WORKLOADS[name][0]()
     x = np.random.default_rng(0).standard_normal(input_shape(model)).astype("float32")
     result = compile_ours(import_onnx(model))
-    np.testing.assert_allclose(run_vm(result.executable, [x]), run_ort(model, x), **FULL_TOL)
+    assert_close(run_vm(result.executable, [x]), run_ort(model, x), **FULL_TOL)

@@ -12,7 +12,7 @@ import pytest
 import tvm
 from onnx import TensorProto, helper
 
-from tests.helpers import compile_ours, run_vm
+from tests.helpers import assert_close, compile_ours, run_vm
 from tests.shape_models import channel_shuffle, ort_run, runtime_pad, runtime_reshape, window_reshape
 from tvm_ascendfuse.cli import main
 from tvm_ascendfuse.errors import UnsupportedOpError
@@ -55,7 +55,7 @@ def test_channel_shuffle_through_the_frontend():
     model = channel_shuffle()
     result = compile_ours(import_onnx(model))
     x = np.random.default_rng(0).standard_normal((1, 8, 4, 4)).astype("float32")
-    np.testing.assert_allclose(run_vm(result.executable, [x]), ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert_close(run_vm(result.executable, [x]), ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
     assert result.report.sections["frontend"]["shape_folding"]["shape_of_static_tensors"] == 1
 
 

@@ -10,6 +10,7 @@ from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.workloads import resnet_basic_block
 
 from .helpers import compile_ours, kernel_count, run_reference, run_vm, tol
+from tests.helpers import assert_close
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_switched_off_records_each_match(block):
     assert conv.effect_times == 0 and conv.match_times >= 2
     assert {e["reason"] for e in conv.not_effective} == {"switched_off"}
     x = np.random.default_rng(0).standard_normal((1, 8, 8, 8)).astype("float32")
-    np.testing.assert_allclose(run_vm(result.executable, [x]), run_reference(block, [x]), **tol("float32"))
+    assert_close(run_vm(result.executable, [x]), run_reference(block, [x]), **tol("float32"))
 
 
 def test_ub_overflow_reports_bytes_and_falls_back(block):
@@ -51,7 +52,7 @@ def test_ub_overflow_reports_bytes_and_falls_back(block):
     assert refusals, result.report.to_dict()["ub_fusion"]
     assert all(e["bytes_available"] == 512 and e["bytes_needed"] > 512 for e in refusals)
     x = np.random.default_rng(0).standard_normal((1, 8, 8, 8)).astype("float32")
-    np.testing.assert_allclose(run_vm(result.executable, [x]), run_reference(block, [x]), **tol("float32"))
+    assert_close(run_vm(result.executable, [x]), run_reference(block, [x]), **tol("float32"))
 
 
 def test_record_and_touch():

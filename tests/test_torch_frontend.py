@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tvm_ascendfuse as af  # noqa: E402
-from tests.helpers import run_vm  # noqa: E402
+from tests.helpers import assert_close, run_vm  # noqa: E402
 from tvm_ascendfuse.errors import ModelError, UnsupportedOpError  # noqa: E402
 from tvm_ascendfuse.frontend import import_onnx  # noqa: E402
 from tvm_ascendfuse.torch_frontend import import_exported_program  # noqa: E402
@@ -33,7 +33,7 @@ def test_same_kernels_as_onnx_and_matches_eager(name):
     model, args = torch_builder(**sizes)
     result = af.compile_model(af.from_torch(model, args), portable=True)
     ours = run_vm(result.executable, [a.numpy() for a in args])
-    np.testing.assert_allclose(ours, eager(model, args), rtol=1e-4, atol=1e-4)
+    assert_close(ours, eager(model, args), rtol=1e-4, atol=1e-4)
     onnx_result = af.compile_model(import_onnx(onnx_builder(**sizes)), portable=True)
     assert len(result.report.kernels) == len(onnx_result.report.kernels), (
         [k["ops"] for k in result.report.kernels], [k["ops"] for k in onnx_result.report.kernels])
@@ -46,7 +46,7 @@ def test_batchnorm_uses_running_statistics():
     mod = af.from_torch(model, args)
     result = af.compile_model(mod, portable=True)
     assert result.report.get("ConvBatchnormFusionPass").effect_times == 1
-    np.testing.assert_allclose(run_vm(result.executable, [args[0].numpy()]), eager(model, args),
+    assert_close(run_vm(result.executable, [args[0].numpy()]), eager(model, args),
                                rtol=1e-4, atol=1e-4)
 
 
@@ -68,7 +68,7 @@ def test_sdpa_scale_and_mask_kept():
     model = _ScaledAttention()
     result = af.compile_model(af.from_torch(model, args), portable=True)
     assert result.report.get("ScaledDotProductAttentionFusionPass").effect_times == 1
-    np.testing.assert_allclose(run_vm(result.executable, [a.numpy() for a in args]), eager(model, args),
+    assert_close(run_vm(result.executable, [a.numpy() for a in args]), eager(model, args),
                                rtol=1e-4, atol=1e-4)
 
 
@@ -77,7 +77,7 @@ def test_pt2_file_and_errors(tmp_path):
     path = tmp_path / "block.pt2"
     torch.export.save(torch.export.export(model, args), str(path))
     result = af.compile_model(import_exported_program(path), portable=True)
-    np.testing.assert_allclose(run_vm(result.executable, [args[0].numpy()]), eager(model, args),
+    assert_close(run_vm(result.executable, [args[0].numpy()]), eager(model, args),
                                rtol=1e-4, atol=1e-4)
     with pytest.raises(ModelError, match="does not exist"):
         import_exported_program(tmp_path / "missing.pt2")
@@ -117,4 +117,4 @@ def test_cli_compiles_pt2_with_verify(tmp_path, capsys):
     assert report["summary"]["kernels_after"] == 3 and report["verify"]["ok"]
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "out" / "bert.so")), tvm.cpu())
     ours = vm["main"](tvm.runtime.tensor(args[0].numpy())).numpy()
-    np.testing.assert_allclose(ours, eager(model, args), rtol=1e-4, atol=1e-4)
+    assert_close(ours, eager(model, args), rtol=1e-4, atol=1e-4)

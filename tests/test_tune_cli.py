@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import run_vm
+from tests.helpers import assert_close, run_vm
 from tvm_ascendfuse import compile_model
 from tvm_ascendfuse.cli import main
 from tvm_ascendfuse.frontend import import_onnx
@@ -52,7 +52,7 @@ def test_tune_writes_the_database_compile_uses(linear_model, tmp_path, capsys, m
     # the best record is applied unless it is the rule's own default (the rule then builds it itself)
     expected_rule = "matmul" if tile_decision(best) == 0 else "tuned"
     assert list(result.report.sections["schedules"].values()) == [expected_rule]
-    np.testing.assert_allclose(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
+    assert_close(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
 
     monkeypatch.setenv(SCHEDULES_ENV, str(tmp_path / "nothing"))
     untuned = compile_model(import_onnx(model), target="ascend910b", portable=True)
@@ -122,7 +122,7 @@ def test_tune_a_conv_kernel_and_compile_with_its_record(tmp_path, capsys, monkey
     best = open_database(out / "ascend910b" / "generic").get_top_k(records[0].workload, 1)[0]
     if tile_decision(best) == 0:              # the default won: the rule builds it, no record replayed
         assert "tuned" not in result.report.sections["schedules"].values()
-        np.testing.assert_allclose(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
+        assert_close(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
         return
     assert "tuned" in result.report.sections["schedules"].values()
     script = next(iter(f for f in result.scheduled_module.functions.values()
@@ -130,7 +130,7 @@ def test_tune_a_conv_kernel_and_compile_with_its_record(tmp_path, capsys, monkey
     note = next(i.inputs[-1] for i in best.trace.insts if i.kind.name == "Annotate"
                 and str(i.attrs[0]) == "ascendfuse.schedule")
     assert str(note).strip('"') in script                        # the record's tiles, not the rule's
-    np.testing.assert_allclose(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
+    assert_close(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_a_tuned_pick_is_recorded_only_when_it_beats_the_default_by_the_margin():
@@ -200,4 +200,4 @@ def test_a_killed_whole_model_run_resumes(tmp_path, capsys, monkeypatch):
     for kernel, rule in result.report.sections["schedules"].items():
         # both kernels have records: the best applies unless it is the rule's own default (built by the rule)
         assert rule == "tuned" or any("rule's own default" in n for n in notes.get(kernel, [])), (kernel, rule)
-    np.testing.assert_allclose(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)
+    assert_close(run_vm(result.executable, [x]), expected, rtol=1e-4, atol=1e-4)

@@ -9,7 +9,7 @@ import numpy as np
 import tvm_ffi
 from tvm import relax, s_tir
 
-from tests.helpers import random_inputs, run_reference, run_vm, tol
+from tests.helpers import assert_close, random_inputs, run_reference, run_vm, tol
 from tvm_ascendfuse.build import build
 from tvm_ascendfuse.pipeline import AscendFusePipeline
 from tvm_ascendfuse.schedule.base import ScheduleRule
@@ -73,7 +73,7 @@ def _compile(mod, rules):
 
 def _check(mod, ex):
     inputs = random_inputs(mod)
-    np.testing.assert_allclose(run_vm(ex, inputs), run_reference(mod, inputs), **tol("float32"))
+    assert_close(run_vm(ex, inputs), run_reference(mod, inputs), **tol("float32"))
 
 
 def _module(body, shapes):

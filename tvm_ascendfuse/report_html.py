@@ -268,7 +268,7 @@ def render_html(report: dict, title: str | None = None) -> str:
         for o in ver.get("outputs", []):
             parts.append(f"<tr><td>{_esc(o['name'])}</td><td>{_esc(o['dtype'])}</td><td class='num'>"
                          f"{o['max_abs']:.3g}</td><td class='num'>{o['max_rel']:.3g}</td><td>rtol {o['rtol']:g}, "
-                         f"atol {o['atol']:g}</td><td>{'ok' if o['ok'] else 'MISMATCH'}</td></tr>")
+                         f"atol {o['atol']:g} &times; max|ref|</td><td>{'ok' if o['ok'] else 'MISMATCH'}</td></tr>")
         parts.append("</table>")
         bad = (ver.get("bisection") or {}).get("first_bad_kernel")
         if bad:

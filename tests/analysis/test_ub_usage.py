@@ -13,7 +13,7 @@ from tvm_ascendfuse.report import FusionReport
 from tvm_ascendfuse.target import get_target
 from tvm_ascendfuse.workloads import WORKLOADS
 
-from tests.helpers import compile_ours, random_inputs, run_reference, run_vm, tol
+from tests.helpers import assert_close, compile_ours, random_inputs, run_reference, run_vm, tol
 
 
 def staged_kernel(rows: int, scope: str):
@@ -75,7 +75,7 @@ def test_bare_ub_is_an_alias_and_builds():
     a = tvm.runtime.tensor(np.arange(512, dtype="float32").reshape(8, 64))
     b = tvm.runtime.tensor(np.zeros((8, 64), "float32"))
     lib["main"](a, b)
-    np.testing.assert_allclose(b.numpy(), a.numpy() * 2 + 1)
+    assert_close(b.numpy(), a.numpy() * 2 + 1)
 
 
 def test_overflow_fails_the_whole_build():
@@ -121,4 +121,4 @@ def test_workload_kernels_fit_and_are_scheduled(workload, target):
     inputs = random_inputs(mod)
     ours, ref = run_vm(result.executable, inputs), run_reference(mod, inputs)
     for a, b in zip(ours if isinstance(ours, list) else [ours], ref if isinstance(ref, list) else [ref]):
-        np.testing.assert_allclose(a, b, **tol("float32"))
+        assert_close(a, b, **tol("float32"))

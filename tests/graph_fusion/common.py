@@ -8,7 +8,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from tests.helpers import random_inputs, run_reference, tol
+from tests.helpers import assert_close, random_inputs, run_reference, tol
 from tvm_ascendfuse.report import SWITCHED_OFF, FusionReport
 
 
@@ -35,7 +35,7 @@ def assert_same_after(before, after, seed=0, inputs=None):
     ref, out = run_reference(before, inputs), run_reference(after, inputs)
     pairs = zip(out, ref) if isinstance(ref, list) else [(out, ref)]
     for a, b in pairs:
-        np.testing.assert_allclose(a, b, **tol(str(before["main"].params[0].ty.dtype)))
+        assert_close(a, b, **tol(str(before["main"].params[0].ty.dtype)))
     return out, inputs
 
 

@@ -5,7 +5,7 @@ import pytest
 from tvm import relax
 
 from tests.graph_fusion.common import assert_refused, assert_switched_off, build, ops, run_pass
-from tests.helpers import run_reference
+from tests.helpers import assert_close, run_reference
 from tvm_ascendfuse.graph_fusion import AttentionMaskFusionPass as P
 
 KEEP = (np.random.default_rng(3).random((5, 7)) > 0.4) | (np.arange(7)[None] == np.arange(5)[:, None])
@@ -38,7 +38,7 @@ def test_where_mask_becomes_additive(kw):
     s = np.random.default_rng(0).standard_normal((2, 3, 5, 7)).astype("float32")
     m = np.where(KEEP, s, np.float32(kw.get("fill", -np.inf)))
     e = np.exp(m - m.max(-1, keepdims=True))
-    np.testing.assert_allclose(run_reference(out, [s]), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert_close(run_reference(out, [s]), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
 def test_fill_that_does_not_absorb_the_score_is_refused():
@@ -66,7 +66,7 @@ def test_nan_guard_of_a_mask_keeping_every_row_is_dropped():
     assert (rec.match_times, rec.effect_times) == (1, 1)
     assert "isnan" not in ops(out) and "where" not in ops(out)
     s = np.random.default_rng(0).standard_normal((2, 3, 5, 7)).astype("float32")
-    np.testing.assert_allclose(run_reference(out, [s]), run_reference(mod, [s]), rtol=1e-5, atol=1e-6)
+    assert_close(run_reference(out, [s]), run_reference(mod, [s]), rtol=1e-5, atol=1e-6)
 
 
 def test_nan_guard_kept_when_a_row_may_be_all_masked():

@@ -7,7 +7,7 @@ from tvm import relax
 
 from tests.graph_fusion.common import (assert_refused, assert_same_after, assert_switched_off, onnx_model, ops,
                                        run_ort, run_pass)
-from tests.helpers import tol
+from tests.helpers import assert_close, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import BatchnormScaleFusionPass as P
 
@@ -55,7 +55,7 @@ def test_preactivation_onnx():
     assert "nn.batch_norm" not in ops(out)
     assert ops(out)[:2] == ["multiply", "add"]
     got, inputs = assert_same_after(mod, out)
-    np.testing.assert_allclose(got, run_ort(model, inputs), **tol("float32"))
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
 @pytest.mark.parametrize("shape,axis,dtype,center,scale", [

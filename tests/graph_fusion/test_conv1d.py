@@ -8,7 +8,7 @@ from onnx import helper
 from tvm import relax
 
 from tests.graph_fusion.common import assert_same_after, assert_switched_off, build, onnx_model, ops, run_ort, run_pass
-from tests.helpers import assert_same_numbers, tol
+from tests.helpers import assert_close, assert_same_numbers, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import Conv1dAsConv2dFusionPass as P
 from tvm_ascendfuse.graph_fusion import GeluFusionPass
@@ -40,7 +40,7 @@ def test_onnx_stem_becomes_conv2d_with_epilogue(stride):
     # the bias and the GELU sit on the 4-D conv output, the one reshape back to 3-D is last
     assert names[-3:] == ["add", "nn.gelu", "reshape"], names
     got, inputs = assert_same_after(mod, out)
-    np.testing.assert_allclose(got, run_ort(model, inputs), **tol("float32"))
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
 def test_stem_reaches_the_conv_rule():

@@ -7,7 +7,7 @@ from tvm import relax
 
 from tests.graph_fusion.common import (assert_refused, assert_same_after, assert_switched_off, onnx_model, ops,
                                        run_ort, run_pass)
-from tests.helpers import run_reference, tol
+from tests.helpers import assert_close, run_reference, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import ConvBatchnormFusionPass as P
 
@@ -39,7 +39,7 @@ def test_onnx_conv_bn_folds(bias, group):
     bias_const = out["main"].body.blocks[0].bindings[1].value.args[1]
     assert tuple(bias_const.value.shape) == (1, 8 if group == 1 else 4, 1, 1)
     got, inputs = assert_same_after(mod, out)
-    np.testing.assert_allclose(got, run_ort(model, inputs), **tol("float32"))
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
 def conv_bn_module(dtype="float32", groups=1, weight_param=False, extra_output=False, training=False):
@@ -111,4 +111,4 @@ def test_dynamic_batch_folds():
     out, rec = run_pass(P, mod)
     assert rec.effect_times == 1 and "nn.batch_norm" not in ops(out)
     x = RNG.standard_normal((2, 4, 6, 6)).astype("float32")
-    np.testing.assert_allclose(run_reference(out, [x]), run_ort(model, [x]), **tol("float32"))
+    assert_close(run_reference(out, [x]), run_ort(model, [x]), **tol("float32"))

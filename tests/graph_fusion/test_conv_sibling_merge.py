@@ -6,7 +6,7 @@ from onnx import helper
 from tvm import relax
 
 from tests.graph_fusion.common import assert_same_after, assert_switched_off, onnx_model, ops, run_ort, run_pass
-from tests.helpers import tol
+from tests.helpers import assert_close, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import ConvSiblingMergeFusionPass as P
 
@@ -56,7 +56,7 @@ def test_siblings_merge(widths, kernels, biases, act, convs):
     assert ops(out).count("nn.conv2d") == convs
     assert ops(out).count("strided_slice") >= 2
     got, inputs = assert_same_after(mod, out)
-    np.testing.assert_allclose(got, run_ort(model, inputs), **tol("float32"))
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
 def test_different_kernel_sizes_refused():
@@ -77,7 +77,7 @@ def test_combined_siblings_refused():
     assert rec.effect_times == 0
     assert "combined elementwise" in rec.not_effective[0]["failed"], rec.to_dict()
     got, inputs = assert_same_after(mod, out)
-    np.testing.assert_allclose(got, run_ort(model, inputs), **tol("float32"))
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
 def test_vector_bias_along_width_not_taken_as_channel_bias():

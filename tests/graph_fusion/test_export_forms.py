@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 import tvm_ascendfuse as af
 from tests.graph_fusion.common import onnx_model, run_ort
-from tests.helpers import run_vm
+from tests.helpers import assert_close, run_vm
 from tvm_ascendfuse.frontend import import_onnx
 
 S, H, D = 8, 4, 8          # sequence, query heads, head dim
@@ -122,7 +122,7 @@ def onnx_gelu_tanh():
 
 def compile_onnx(model, switches=None):
     result = compiled(import_onnx(model), switches)
-    np.testing.assert_allclose(run_vm(result.executable, [X]), run_ort(model, [X]), **TOL)
+    assert_close(run_vm(result.executable, [X]), run_ort(model, [X]), **TOL)
     return result
 
 
@@ -246,7 +246,7 @@ def compile_torch(route, switches=None, **kw):
         pytest.importorskip("onnxscript")
         mod = import_onnx(torch.onnx.export(model, (x,), dynamo=True, verbose=False).model_proto)
     result = compiled(mod, switches)
-    np.testing.assert_allclose(run_vm(result.executable, [X]), expected, **TOL)
+    assert_close(run_vm(result.executable, [X]), expected, **TOL)
     return result
 
 

@@ -6,7 +6,7 @@ from onnx import helper
 
 from tests.graph_fusion.common import (assert_refused, assert_same_after, assert_switched_off, onnx_model, ops,
                                        run_ort, run_pass)
-from tests.helpers import tol
+from tests.helpers import assert_close, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import FocusConvFusionPass as P
 
@@ -47,7 +47,7 @@ def test_focus_onnx(order, k, pads, bias):
     assert tuple(conv.args[1].value.shape) == (6, 3, 2 * k, 2 * k)
     assert [int(p) for p in conv.attrs.padding] == [2 * p for p in pads]
     got, inputs = assert_same_after(mod, out)
-    np.testing.assert_allclose(got, run_ort(model, inputs), **tol("float32"))
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
 def ops_name(value):

@@ -9,7 +9,7 @@ from tvm import relax
 
 from tests.graph_fusion.common import (assert_refused, assert_same_after, assert_switched_off, build, onnx_model,
                                        ops, run_ort, run_pass)
-from tests.helpers import tol
+from tests.helpers import assert_close, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import GeluFusionPass as P
 
@@ -31,7 +31,7 @@ def test_onnx_gelu_erf():
     assert (rec.match_times, rec.effect_times) == (1, 1)
     assert ops(out) == ["nn.gelu"]
     got, inputs = assert_same_after(mod, out)
-    np.testing.assert_allclose(got, run_ort(model, inputs), **tol("float32"))
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
 def c(v, dtype="float32"):

@@ -7,7 +7,7 @@ from tvm import relax
 
 from tests.graph_fusion.common import (assert_refused, assert_same_after, assert_switched_off, build, onnx_model,
                                        ops, run_ort, run_pass)
-from tests.helpers import run_reference, tol
+from tests.helpers import assert_close, run_reference, tol
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.graph_fusion import LayerNormFusionPass as P
 
@@ -41,7 +41,7 @@ def test_onnx_layer_norm(opset, axes):
     assert (rec.match_times, rec.effect_times) == (1, 1)
     assert ops(out) == ["nn.layer_norm"]
     got, inputs = assert_same_after(mod, out)
-    np.testing.assert_allclose(got, run_ort(model, inputs), **tol("float32"))
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
 def ln_body(dtype="float32", axis=-1, gamma=True, rsqrt=False, extra=False):
@@ -91,7 +91,7 @@ def test_dynamic_batch_layer_norm():
     out, rec = run_pass(P, mod)
     assert rec.effect_times == 1 and ops(out) == ["nn.layer_norm"]
     x = RNG.standard_normal((5, 3, 8)).astype("float32")
-    np.testing.assert_allclose(run_reference(out, [x]), run_ort(model, [x]), **tol("float32"))
+    assert_close(run_reference(out, [x]), run_ort(model, [x]), **tol("float32"))
 
 
 def test_gamma_varying_on_batch_axis():

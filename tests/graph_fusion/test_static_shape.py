@@ -15,7 +15,7 @@ import tvm
 from tvm import relax, tirx
 
 from tests.graph_fusion.common import ops, run_pass
-from tests.helpers import compile_ours, run_vm
+from tests.helpers import assert_close, compile_ours, run_vm
 from tests.shape_models import channel_shuffle, ort_run, runtime_reshape
 from tvm_ascendfuse.errors import UnsupportedOpError
 from tvm_ascendfuse.graph_fusion.static_shape import StaticShapeCanonicalizePass
@@ -54,7 +54,7 @@ def test_channel_shuffle_repaired_matches_onnxruntime():
     assert [int(d) for d in out_ty.shape.values] == [1, 8, 4, 4]
     result = compile_ours(mod)
     x = np.random.default_rng(0).standard_normal((1, 8, 4, 4)).astype("float32")
-    np.testing.assert_allclose(run_vm(result.executable, [x]), ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert_close(run_vm(result.executable, [x]), ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
     section = result.report.sections["static_shapes"]["main"]
     assert section["repaired"] == 2 and section["bindings_made_static"] > 2 and section["still_unknown"] == 0
     rec = result.report.to_dict()["graph_fusion"][PASS]
@@ -95,7 +95,7 @@ def test_reshape_to_a_shape_computed_from_shape_of():
     xv = np.random.default_rng(1).standard_normal((2, 3, 4)).astype("float32")
     got = run_vm(compile_ours(mod).executable, [xv])
     e = np.exp(xv.reshape(6, 4) - xv.reshape(6, 4).max(-1, keepdims=True))
-    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert_close(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
 def test_values_read_at_run_time_are_left_and_recorded():

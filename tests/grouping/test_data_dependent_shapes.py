@@ -12,7 +12,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from tests.helpers import compile_ours, run_reference, run_vm
+from tests.helpers import assert_close, compile_ours, run_reference, run_vm
 
 
 def _range_graph(consumers: str = "affine"):
@@ -47,9 +47,9 @@ def test_range_lengths_match_numpy_and_default(consumers):
         inputs = [np.array(v, "float32") for v in values]
         ours, ref = run_vm(result.executable, inputs), run_reference(mod, inputs)
         ours, ref = (ours, ref) if isinstance(ours, list) else ([ours], [ref])
-        np.testing.assert_allclose(ours[0], np.arange(*values, dtype="float32"), rtol=1e-6)
+        assert_close(ours[0], np.arange(*values, dtype="float32"), rtol=1e-6)
         for a, b in zip(ours, ref):
-            np.testing.assert_allclose(a, b, rtol=1e-6)
+            assert_close(a, b, rtol=1e-6)
 
 
 def test_length_and_its_users_stay_apart():

@@ -6,7 +6,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tests.helpers import random_inputs, run_vm, tol
+from tests.helpers import assert_close, random_inputs, run_vm, tol
 from tvm_ascendfuse.analysis.kernels import launch_count
 from tvm_ascendfuse.grouping import CostBasedFusionPass
 from tvm_ascendfuse.report import FusionReport
@@ -49,5 +49,5 @@ def check_equivalent(mod: tvm.IRModule, seed: int = 0, target="ascend910b", conf
     base = legalize(mod)
     fused, report, _ = group(mod, target, config)
     for a, b in zip(_run(fused, inputs), _run(base, inputs)):
-        np.testing.assert_allclose(a, b, **tol("float32"))
+        assert_close(a, b, **tol("float32"))
     return fused, report, launch_count(base), launch_count(fused)

@@ -5,7 +5,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tests.helpers import assert_same_numbers, compile_ours, tol
+from tests.helpers import assert_close, assert_same_numbers, compile_ours, tol
 from tests.patterns.util import assert_fused, assert_one_kernel, build, const, refusals, run_symbolic
 
 X = ("x", (8, 16), "float32")
@@ -105,4 +105,4 @@ def test_bfloat16_matmul_relu():
     x, w = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in ((8, 16), (16, 32)))
     out = relax.VirtualMachine(result.executable, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w))
     ref = np.maximum(x.astype("float32") @ w.astype("float32"), 0)
-    np.testing.assert_allclose(out.numpy().astype("float32"), ref, **tol("bfloat16"))
+    assert_close(out.numpy().astype("float32"), ref, **tol("bfloat16"))

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tvm import relax
 from tvm.relax import op
 
-from tests.helpers import compile_ours, run_reference, run_vm, tol
+from tests.helpers import assert_close, compile_ours, run_reference, run_vm, tol
 
 EXAMPLES = int(os.environ.get("ASCENDFUSE_FUZZ_ATTENTION_EXAMPLES", "24"))
 
@@ -88,7 +88,7 @@ def check_block(kw, switches):
     got, want = run_vm(result.executable, [x]), run_reference(mod, [x])
     got, want = (got, want) if isinstance(got, list) else ([got], [want])
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, **tol("float32"))
+        assert_close(g, w, **tol("float32"))
     # an attention kernel (fused with its projections or not) always gets its own rule, never the fallback
     stuck = [k for k in result.report.kernels if k.get("rule") == "fallback" and "softmax" in k.get("ops", [])]
     assert not stuck, stuck

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tvm import relax, tirx
 
-from tests.helpers import compile_ours, run_reference, run_vm, tol
+from tests.helpers import assert_close, compile_ours, run_reference, run_vm, tol
 from tvm_ascendfuse.patterns import pattern_table
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -147,7 +147,7 @@ def _compare(mod, result, sizes, dtype):
     ours, ref = _as_list(run_vm(result.executable, inputs)), _as_list(run_reference(mod, inputs))
     for a, b in zip(ours, ref):
         assert a.shape == b.shape
-        np.testing.assert_allclose(a.astype("float32"), b.astype("float32"), **tol(dtype))
+        assert_close(a.astype("float32"), b.astype("float32"), **tol(dtype))
 
 
 def _fused_or_refused(result, switch):
@@ -222,7 +222,7 @@ def test_half_precision(family, dtype):
         pytest.xfail(f"TVM default cannot build {family} in {dtype}: {str(err).strip().splitlines()[-1][:150]}")
     result = compile_ours(mod)
     for a, b in zip(_as_list(run_vm(result.executable, inputs)), ref):
-        np.testing.assert_allclose(a.astype("float32"), b.astype("float32"), **tol(dtype))
+        assert_close(a.astype("float32"), b.astype("float32"), **tol(dtype))
     _fused_or_refused(result, switch)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from tests.helpers import tol
+from tests.helpers import assert_close, tol
 from tvm_ascendfuse.target import get_target
 
 # Portable x86-64 (4 fp32 lanes) keeps tests independent of this machine; ``NATIVE`` exercises AVX-512 widths.
@@ -94,7 +94,7 @@ def check_rule(rule, func: tirx.PrimFunc, host=HOST, sizes=None, seed=0, target=
     ours["main"](*b)
     dtype = str(func.params[-1].ty.dtype)
     for x, y in zip(a, b):      # inputs stay equal; every output must match
-        np.testing.assert_allclose(y.numpy().astype("float64"), x.numpy().astype("float64"), **tol(dtype))
+        assert_close(y.numpy().astype("float64"), x.numpy().astype("float64"), **tol(dtype))
     return (sch.mod, result.note) if with_note else sch.mod
 
 

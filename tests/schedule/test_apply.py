@@ -16,6 +16,7 @@ from tvm_ascendfuse.schedule.base import ScheduleRule, Scheduled
 from tvm_ascendfuse.schedule.fast_math import use_fast_math
 
 from .kernels import HOST, NPU, attention_kernel, fused_kernel
+from tests.helpers import assert_close
 
 
 def module_of(**funcs):
@@ -128,7 +129,7 @@ def test_scheduled_module_matches_unscheduled():
         b = [tvm.runtime.tensor(x.copy()) for x in arrays]
         ref["main"](*a)
         ours["main"](*b)
-        np.testing.assert_allclose(b[-1].numpy(), a[-1].numpy(), rtol=1e-4, atol=1e-5)
+        assert_close(b[-1].numpy(), a[-1].numpy(), rtol=1e-4, atol=1e-5)
 
 
 
@@ -210,4 +211,4 @@ def test_epilogue_across_heads_fits_on_the_matmul_rule():
     c = [tvm.runtime.tensor(x.copy()) for x in arrays]
     ref["main"](*a)
     ours["main"](*c)
-    np.testing.assert_allclose(c[-1].numpy(), a[-1].numpy(), rtol=1e-4, atol=1e-5)
+    assert_close(c[-1].numpy(), a[-1].numpy(), rtol=1e-4, atol=1e-5)

@@ -6,7 +6,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
-from tests.helpers import tol
+from tests.helpers import assert_close, tol
 from tests.schedule.kernels import HOST, fused_kernel
 from tvm_ascendfuse.schedule import code_size
 from tvm_ascendfuse.schedule.code_size import MAX_UNROLLED_NODES, bound_code_size, unrolled_size
@@ -55,7 +55,7 @@ def _same_numbers(a, b, shape):
         args = [tvm.runtime.tensor(x) for x in xs] + [tvm.runtime.tensor(np.zeros(shape, "float32"))]
         lib["main"](*args)
         outs.append(args[-1].numpy())
-    np.testing.assert_allclose(outs[0], outs[1], **tol("float32"))
+    assert_close(outs[0], outs[1], **tol("float32"))
 
 
 def test_unrolled_nest_past_the_bound_is_emitted_as_loops():

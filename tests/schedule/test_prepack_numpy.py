@@ -14,7 +14,7 @@ from tvm import relax, tirx
 from tvm.relax import op
 from tvm.script import tirx as T
 
-from tests.helpers import assert_same_numbers, tol
+from tests.helpers import assert_close, assert_same_numbers, tol
 from tests.schedule.kernels import NATIVE, schedule_gemms
 from tvm_ascendfuse.schedule.prepack import NotACopy, eval_copy_outputs, eval_copy_primfunc, fold_constant_copies
 
@@ -167,7 +167,7 @@ def test_folding_packs_like_fold_constant_on_a_scheduled_gemm():
         assert np.array_equal(c_ours, c_ref)
     xv = rng.standard_normal((8, 24)).astype("float32")
     res = relax.VirtualMachine(tvm.compile(ours, target=NATIVE), tvm.cpu())["main"](tvm.runtime.tensor(xv))
-    np.testing.assert_allclose(res.numpy(), np.maximum(xv @ w + b, 0), **tol("float32"))
+    assert_close(res.numpy(), np.maximum(xv @ w + b, 0), **tol("float32"))
 
 
 def test_pipeline_conv_weights_packed_without_a_packing_kernel():

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import run_vm
+from tests.helpers import assert_close, run_vm
 from tvm_ascendfuse import compile_model
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.schedule.tuned import (RECORDS_FILE, SCHEDULES_ENV, WORKLOADS_FILE, host_cpu, open_database,
@@ -54,5 +54,5 @@ def test_the_llama_block_record_applies_on_its_cpu(monkeypatch):
     # fails when the kernel the pipeline builds for W7 changed since the records were tuned: tune again
     rules = tuned.report.sections["schedules"]
     assert [k for k, r in rules.items() if r == "tuned"], tuned.report.sections.get("schedule_notes")
-    np.testing.assert_allclose(run_vm(tuned.executable, inputs), run_vm(untuned.executable, inputs),
+    assert_close(run_vm(tuned.executable, inputs), run_vm(untuned.executable, inputs),
                                rtol=1e-4, atol=1e-4)

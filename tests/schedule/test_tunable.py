@@ -23,6 +23,7 @@ from tvm_ascendfuse.schedule.tunable import (
 from tvm_ascendfuse.target import get_target, make_target
 from tvm_ascendfuse.tune import build_candidate, extract_kernels
 from tvm_ascendfuse.workloads import mlp3
+from tests.helpers import assert_close
 
 NPU = get_target("ascend910b")
 HOST = NPU.host_target(portable=True)
@@ -65,7 +66,7 @@ def test_every_point_fits_ub_and_matches_the_unscheduled_kernel(kernel, points):
         assert ub_fits(sch.mod["main"], NPU), tiles
         VerifyUBCapacity(NPU)(sch.mod)                          # raises UBCapacityError on overflow
         assert "local.UB" in sch.mod.script()
-        np.testing.assert_allclose(_run(sch.mod, inputs), expected, rtol=1e-5, atol=1e-5, err_msg=str(tiles))
+        assert_close(_run(sch.mod, inputs), expected, rtol=1e-5, atol=1e-5, err_msg=str(tiles))
 
 
 def test_candidates_respect_the_ub_of_the_target():

@@ -20,6 +20,7 @@ from tvm_ascendfuse.schedule.tuned import workload_module
 from tvm_ascendfuse.target import get_target, make_target
 from tvm_ascendfuse.tune import extract_kernels
 from tvm_ascendfuse.workloads import conv_bn_relu
+from tests.helpers import assert_close
 
 NPU = get_target("ascend910b")
 
@@ -76,7 +77,7 @@ def test_every_point_fits_ub_and_matches_the_unscheduled_kernel(name):
     for choice, sch in points:
         assert ub_fits(sch.mod["main"], NPU), choice
         VerifyUBCapacity(NPU)(sch.mod)                          # raises UBCapacityError on overflow
-        np.testing.assert_allclose(_run(sch.mod, inputs), expected, rtol=1e-4, atol=1e-4, err_msg=str(choice))
+        assert_close(_run(sch.mod, inputs), expected, rtol=1e-4, atol=1e-4, err_msg=str(choice))
 
 
 def test_w1_space_varies_blocks_of_rows_and_register_blocks():

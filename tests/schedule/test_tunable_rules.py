@@ -15,6 +15,7 @@ from tvm_ascendfuse.schedule.base import Scheduled
 from tvm_ascendfuse.schedule.fast_math import use_fast_math
 from tvm_ascendfuse.schedule.tunable import candidate_schedules, tunable_rules, ub_fits
 from tvm_ascendfuse.schedule.tuned import finish_traced, workload_module
+from tests.helpers import assert_close
 
 
 def _workload(build, shapes):
@@ -146,7 +147,7 @@ def test_every_point_fits_and_matches_the_unscheduled_kernel(case):
         sch = finish_traced(sch)
         assert ub_fits(sch.mod["main"], NPU), choice
         VerifyUBCapacity(NPU)(sch.mod)                          # raises UBCapacityError on overflow
-        np.testing.assert_allclose(_run(sch.mod, inputs), expected, rtol=1e-4, atol=1e-4, err_msg=str(choice))
+        assert_close(_run(sch.mod, inputs), expected, rtol=1e-4, atol=1e-4, err_msg=str(choice))
 
 
 @pytest.mark.parametrize("case", ["attention", "chained_ffn", "gemm_norm", "multi_gemm", "grouped_conv", "max_pool", "layer_norm", "depthwise"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import run_vm
+from tests.helpers import assert_close, run_vm
 from tvm_ascendfuse import compile_model
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.schedule.tuned import RECORDS_FILE, SCHEDULES_ENV, WORKLOADS_FILE, open_database, tile_decision
@@ -94,5 +94,5 @@ def test_tune_a_model_with_the_new_rules_and_compile_with_its_records(name, tmp_
     applied = list(tuned.report.sections["schedules"].values())
     assert applied.count("tuned") == len(kernels), tuned.report.sections["schedules"]
     assert not tuned.report.sections.get("rule_errors")
-    np.testing.assert_allclose(run_vm(tuned.executable, inputs), run_vm(untuned.executable, inputs),
+    assert_close(run_vm(tuned.executable, inputs), run_vm(untuned.executable, inputs),
                                rtol=1e-4, atol=1e-4)
