@@ -150,19 +150,22 @@ def cmd_compile(args) -> int:
         "launches": sum(k["launches"] for k in report.kernels), "compile_seconds": round(seconds, 2),
         "host_target": str(result.host_target),
     }
-    verified = None
-    if args.verify:
-        from .verify import verify_compiled
-
-        reference = make_reference()
-        verified = verify_compiled(result, mod, reference, reference_name if reference is not None else None)
     stem = model_path.stem
     written = [f"{stem}.so", f"{stem}.fused.py", "fusion_result.json"]
+    verified = None
     # Write everything into a scratch dir first, so a failure leaves nothing half-written in OUTDIR.
     outdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=outdir, prefix=".ascendfuse-") as tmp:
         tmp = Path(tmp)
+        # The library is written before --verify runs it: TVM 0.27's VM records an empty memory scope for
+        # every constant it loads into an executable, and a library exported afterwards carries them, each
+        # printed as a "Scope Loaded" warning whenever the library is loaded.
         result.executable.export_library(str(tmp / f"{stem}.so"))
+        if args.verify:
+            from .verify import verify_compiled
+
+            reference = make_reference()
+            verified = verify_compiled(result, mod, reference, reference_name if reference is not None else None)
         (tmp / f"{stem}.fused.py").write_text(result.scheduled_module.script(show_meta=False))
         report.write(tmp / "fusion_result.json")
         if args.html:

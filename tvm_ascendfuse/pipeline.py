@@ -18,7 +18,7 @@ from .graph_fusion import GRAPH_FUSION_PASSES, MatMulSiblingMergeFusionPass
 from .graph_fusion.safe_fold import SafeFoldConstant
 from .errors import AscendFuseError
 from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
-from .legalize import explain_failure
+from .legalize import explain_failure, legalize_ops
 from .passbase import PyPass
 from .progress import bar
 from .report import FusionReport
@@ -81,7 +81,7 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
     return [
         PatternFusionPass(target, report, switches),
         *cpu.library_dispatch_passes(tvm_target),
-        relax.transform.LegalizeOps(),
+        legalize_ops(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         grouping,

@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 
+from ..legalize import legalize_ops
 from ..passbase import PyPass
 from ..report import FusionReport
 from .traffic import lower_bound, traffic_summary
@@ -26,8 +27,11 @@ from .traffic import lower_bound, traffic_summary
 
 def tvm_default_fusion(mod: tvm.IRModule, tvm_target) -> tvm.IRModule:
     """TVM's default CPU pipeline up to and including FuseTIR."""
+    # cpu.legalize_passes with the LegalizeOps the pipeline runs (the same kernels, without TOPI's warnings)
+    legalize = [legalize_ops(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+                relax.transform.FuseOps(), relax.transform.FuseTIR()]
     with tvm_target:
-        seq = [*cpu.library_dispatch_passes(tvm_target), *cpu.legalize_passes(tvm_target)]
+        seq = [*cpu.library_dispatch_passes(tvm_target), *legalize]
         return relax.transform.DeadCodeElimination()(tvm.transform.Sequential(seq)(mod))
 
 
