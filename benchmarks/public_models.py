@@ -105,6 +105,10 @@ def import_torchvision():
 
 def _transformers():
     try:
+        import_torchvision()         # transformers imports torchvision when it is installed: the same repair
+    except (ImportError, SystemExit):
+        pass                         # no torchvision: transformers does without it
+    try:
         import transformers
     except ImportError as err:
         raise SystemExit(f"the Hugging Face models need transformers (pip install -e '.[models]'): {err}") from None
