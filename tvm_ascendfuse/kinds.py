@@ -411,6 +411,24 @@ def is_plane_pool(stmt) -> bool:
 
 
 # ---- one letter per op -------------------------------------------------------------------------------------
+def product_rows(func) -> int | None:
+    """Static rows (batch x sequence) of the one GEMM of a legalized op's PrimFunc, None when it has no such
+    GEMM or the rows are symbolic."""
+    if not isinstance(func, tirx.PrimFunc) or not isinstance(func.body, s_tir.SBlockRealize):
+        return None
+    products = [b for b in func_blocks(func) if is_reduction_block(b) and is_product_block(b)]
+    roles = gemm_roles(products[0]) if len(products) == 1 else None
+    if roles is None:
+        return None
+    rows = 1
+    for p in roles.batch + roles.m:
+        ext = products[0].iter_vars[p].dom.extent
+        if not isinstance(ext, tirx.IntImm):
+            return None
+        rows *= int(ext)
+    return rows
+
+
 def op_kind(func) -> str:
     """The kind letter of one legalized op's PrimFunc (see the module docstring)."""
     if not isinstance(func, tirx.PrimFunc) or not isinstance(func.body, s_tir.SBlockRealize):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .kinds import CONV, GEMM, MULTI_PRODUCT, PRODUCT
+from .tiling import GEMV_MAX_ROWS
 
 GENERIC, STREAMING, ROWS, SPECIALISED = 0, 1, 2, 3
 
@@ -50,18 +51,21 @@ class GroupShape:
 
     kinds: str
     chained: bool = False
+    rows: int | None = None      # the most rows (batch x sequence) of its GEMMs; None: symbolic, or no GEMM
 
 
 @dataclass(frozen=True)
 class RuleSpec:
     """One rule's declaration. ``takes``: a regular expression the whole kind string must match;
-    ``chained``: True = the products must feed one another, False = they must not, None = either."""
+    ``chained``: True = the products must feed one another, False = they must not, None = either;
+    ``max_rows``: the GEMMs must have static rows, at most this many (None: any)."""
 
     name: str
     takes: str
     rank: int
     chained: bool | None = None
     note: str = ""
+    max_rows: int | None = None
     _regex: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -69,6 +73,8 @@ class RuleSpec:
 
     def accepts(self, shape: GroupShape) -> bool:
         if self.chained is not None and shape.chained != self.chained:
+            return False
+        if self.max_rows is not None and (shape.rows is None or shape.rows > self.max_rows):
             return False
         return self._regex.fullmatch(shape.kinds) is not None
 
@@ -78,6 +84,9 @@ class RuleSpec:
 RULE_SPECS: tuple[RuleSpec, ...] = (
     RuleSpec("squeeze-excite", r"[EL]*M[EL]*[CG][EL]*[CG][EL]*", SPECIALISED,
              note="whole-plane mean -> FC (1x1 conv or matmul) -> activation -> FC -> gate"),
+    RuleSpec("gemv", r"[ELR]*G([EL]*G)*[ELRMelrm]*", SPECIALISED, chained=False, max_rows=GEMV_MAX_ROWS,
+             note="products of a few rows (a decode step): the weight streamed in panels, one per task; a row "
+                  "norm before or after them computed once"),
     RuleSpec("attention-projection", r"[ELR]*(G[EL]*)?(T|G[EL]*R[ELR]*G)[EL]*G[ELR]*", SPECIALISED, chained=True,
              note="attention with its output projection (and query projection, norms) per block of query rows"),
     RuleSpec("attention", r"[EL]*(T|G[EL]*R[ELR]*G)[EL]*", SPECIALISED, chained=True,
@@ -126,10 +135,10 @@ def predict_rule(shape: GroupShape) -> RuleSpec:
     return FALLBACK
 
 
-def group_shape(kinds, producers, outputs=()) -> GroupShape:
+def group_shape(kinds, producers, outputs=(), rows=()) -> GroupShape:
     """The shape of a group of ops: ``kinds`` one letter per op in program order, ``producers[i]`` the
     positions (within the group) of the ops op ``i`` reads, ``outputs`` the positions whose values leave the
-    group (the last op's always does)."""
+    group (the last op's always does), ``rows[i]`` the static rows of op ``i`` when it is a GEMM."""
     last = len(kinds) - 1
     kinds = "".join(k.lower() if i in outputs and i != last else k for i, k in enumerate(kinds))
     products = [i for i, k in enumerate(kinds) if k.upper() in PRODUCT_KINDS]
@@ -142,4 +151,6 @@ def group_shape(kinds, producers, outputs=()) -> GroupShape:
                 up |= {p} | below.get(p, set())
             below[i] = up
         chained = any(set(products) & below[i] for i in products)
-    return GroupShape(kinds, chained)
+    gemm_rows = [r for k, r in zip(kinds, rows) if k == GEMM] if rows else [None]
+    most = None if not gemm_rows or None in gemm_rows else max(gemm_rows)
+    return GroupShape(kinds, chained, most)

@@ -26,6 +26,12 @@ from .target import AscendTarget
 PANEL_COLS = 128
 
 
+# Rows (batch x sequence) of a GEMM up to which it is a GEMV: two FLOPs per weight element read once is
+# memory-bound, so the weight is streamed in panels, one panel per task (schedule/gemv.py; rule_specs.py
+# routes such kernels there).
+GEMV_MAX_ROWS = 4
+
+
 def row_block(rows: int, cap: int) -> int:
     """Rows per block of a row-blocked kernel: the largest divisor of ``rows`` not above ``cap`` when it is at
     least half of ``cap`` (no tail), else ``cap`` itself (the last block is partial, its rows predicated).

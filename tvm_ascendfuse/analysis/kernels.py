@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 from ..ir import is_call_tir
-from ..kinds import op_kind
+from ..kinds import op_kind, product_rows
 from ..rule_specs import GroupShape, group_shape, predict_rule
 
 
@@ -62,7 +62,7 @@ def group_function_shape(func, mod: tvm.IRModule) -> GroupShape | None:
     body = func.body
     if not isinstance(body, relax.SeqExpr):
         return None
-    kinds, producers = [], []
+    kinds, producers, rows = [], [], []
     made: dict = {}                      # var -> positions of the call_tirs whose values it holds
     for block in body.blocks:
         for b in block.bindings:
@@ -71,20 +71,22 @@ def group_function_shape(func, mod: tvm.IRModule) -> GroupShape | None:
                 # plumbing (a tuple of results, an item of one, a rebinding): holds what its parts hold
                 made[b.var] = set().union(*(made.get(x, set()) for x in _vars_of(v))) if v is not None else set()
                 continue
-            kinds.append(op_kind(_function(mod, v.args[0])))
+            prim = _function(mod, v.args[0])
+            kinds.append(op_kind(prim))
+            rows.append(product_rows(prim))
             args = v.args[1].fields if isinstance(v.args[1], relax.Tuple) else [v.args[1]]
             producers.append(set().union(*(made.get(a, set()) for a in args)))
             made[b.var] = {len(kinds) - 1}
     if not kinds:
         return None
     outputs = set().union(*(made.get(v, set()) for v in _vars_of(body.body)))
-    return group_shape(kinds, producers, outputs)
+    return group_shape(kinds, producers, outputs, rows)
 
 
 def _function(mod, gv):
     try:
         return mod[gv]
-    except (KeyError, ValueError, tvm.error.TVMError):   # not in this module
+    except (KeyError, ValueError, RuntimeError):   # not in this module (TVM raises RuntimeError subclasses)
         return None
 
 
@@ -116,7 +118,8 @@ def kernel_table(mod_after: tvm.IRModule, groups: dict[str, dict]) -> list[dict]
         g = groups.get(name)
         row = {"name": name, "launches": n, "ops": g["ops"] if g else [name],
                "pattern": g["pattern"] if g else None, "fused": bool(g) and len(g["ops"]) > 1}
-        shape = g.get("shape") if g else (GroupShape(op_kind(funcs[name])) if name in funcs else None)
+        shape = g.get("shape") if g else (GroupShape(op_kind(funcs[name]), rows=product_rows(funcs[name]))
+                                          if name in funcs else None)
         if shape is not None:
             # the rule table's view of the kernel: the rule the schedule phase is expected to pick
             row["kinds"] = shape.kinds

@@ -20,7 +20,8 @@ from tvm import relax, tirx
 from ..analysis.traffic import ASSUMED_SYMBOLIC_DIM, KernelTraffic, count_primfunc, symbolic_bounds
 from ..ir import dtype_bytes, is_call_tir
 from ..kinds import OPAQUE as OPAQUE_KIND
-from ..kinds import op_kind
+from ..kinds import GEMM as GEMM_KIND
+from ..kinds import op_kind, product_rows
 from ..target import AscendTarget
 from .chain import reduces_last_axis, row_operand_positions
 from .conv_prologue import conv_data_position, is_concat
@@ -53,6 +54,7 @@ class Node:
     concat: bool = False                               # a concatenate
     row_norm: bool = False                             # a vector reduction over the last axis only (norm)
     kind: str = OPAQUE_KIND                            # kinds.op_kind of the PrimFunc (the rule table's letter)
+    rows: int | None = None                            # kinds.product_rows: static rows of a GEMM op
     locked: int | None = None                          # index of the pattern group it came from
     binding: object | None = None                      # the block binding it stands for (None: inside a pattern)
 
@@ -193,6 +195,10 @@ class _Builder:
         if ("kind", key) not in cache:
             cache[("kind", key)] = op_kind(prim)
         n.kind = cache[("kind", key)]
+        if n.kind == GEMM_KIND:
+            if ("rows", key) not in cache:
+                cache[("rows", key)] = product_rows(prim)
+            n.rows = cache[("rows", key)]
         n.cube = n.traffic.cube_flops > 0
         if n.cube:
             if ("rowop", key) not in cache:

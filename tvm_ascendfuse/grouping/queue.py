@@ -175,7 +175,7 @@ class FusionQueue:
         nodes = self.nodes
         return group_shape([nodes[m].kind for m in members],
                            [{pos[p] for p in nodes[m].producers if p in pos} for m in members],
-                           {pos[o] for o in outs if o in pos})
+                           {pos[o] for o in outs if o in pos}, [nodes[m].rows for m in members])
 
     def rule_of(self, g: Group) -> RuleSpec:
         """The rule the group's kernel would get as it stands."""

@@ -42,6 +42,7 @@ from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
 from .fast_math import use_fast_math
 from .grouped_conv import GroupedConv2dRule
+from .gemv import GemvRule
 from .indices import simplify_indices
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
@@ -52,11 +53,12 @@ from .squeeze_excite import SqueezeExciteRule
 from .tuned import tuned_rules
 
 # Most specific first. Squeeze-excite (a spatial sum then two small products) before everything that takes
-# products. Attention (two products around a softmax) and several independent products
-# (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (SqueezeExciteRule, AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, MatmulRule,
-                 Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule, GemmNormRule, ReductionRule,
-                 ElementwiseRule, FallbackRule)
+# products; then products of a few rows (a decode step: memory-bound, whatever else the kernel holds).
+# Attention (two products around a softmax) and several independent products (SwiGLU) precede the
+# single-GEMM rule, which would otherwise treat one product as another's prologue.
+DEFAULT_RULES = (SqueezeExciteRule, GemvRule, AttentionProjectionRule, AttentionRule, ChainedGemmRule,
+                 MultiGemmRule, MatmulRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
+                 GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
 def default_rules(target: AscendTarget, host=None) -> list:

@@ -41,3 +41,15 @@ def mark_prepack(sch: s_tir.Schedule, block, read_index: int, index_map) -> obje
     sch.transform_layout(block, ("read", read_index), index_map)
     sch.annotate(copy, PREPROC_ANNOTATION, 1)
     return copy
+
+
+def panel_pack_map(info, nr: int, ndim: int):
+    """B[..., k, n] (any axis order; ``info``: the GemmBlock) -> B'[..., n // nr, k, n % nr]: each panel of
+    ``nr`` columns is contiguous for every k, one run of memory per panel."""
+    others = [d for d in range(ndim) if d not in (info.b_n_axis, info.b_k_axis)]
+
+    def index_map(*axes):
+        n, k = axes[info.b_n_axis], axes[info.b_k_axis]
+        return [*(axes[d] for d in others), n // nr, k, n % nr]
+
+    return index_map

@@ -37,7 +37,7 @@ from .common import (as_target, extent, is_output_block, largest_divisor, ok, pa
 from .contraction import producer_to_stage
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
-from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param
+from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param, panel_pack_map
 from .partial_sums import vector_partial_sums
 from .row_blocks import tiles_are_boxes
 
@@ -255,7 +255,7 @@ class MatmulRule(ScheduleRule):
             # after padding: pad_einsum needs plain indices, so a packed weight read would stop an M tail
             # from being padded (the rule then declined every M % mr != 0 GEMM with a constant weight)
             b_read = next(i for i, r in enumerate(sch.get(mm).reads) if r.source.same_as(info.b_buf))
-            mark_prepack(sch, mm, b_read, _pack_map(info, t.nr, len(info.b_buf.ty.shape)))
+            mark_prepack(sch, mm, b_read, panel_pack_map(info, t.nr, len(info.b_buf.ty.shape)))
             packed = True
         a_ub = _panel_block(sch, a_name, pads) if a_stage is not None else None
         for b in pads:
@@ -411,18 +411,6 @@ def _panel_block(sch, a_name: str, pads):
 
 def _is_preproc(sch, block) -> bool:
     return PREPROC_ANNOTATION in sch.get(block).annotations
-
-
-def _pack_map(info: GemmBlock, nr: int, ndim: int):
-    """B[..., k, n] (any axis order) -> B'[..., n // nr, k, n % nr]: the N panel of one register block is
-    contiguous for every k."""
-    others = [d for d in range(ndim) if d not in (info.b_n_axis, info.b_k_axis)]
-
-    def index_map(*axes):
-        n, k = axes[info.b_n_axis], axes[info.b_k_axis]
-        return [*(axes[d] for d in others), n // nr, k, n % nr]
-
-    return index_map
 
 
 def schedule_prologue(sch, pro_blocks, hv: HostVector, gemm_name: str):
