@@ -12,6 +12,7 @@ from tests.analysis.test_ub_usage import SMALL
 from tests.grouping.test_chained_gemm_grouping import ffn, swiglu
 from tests.helpers import assert_same_numbers
 from tests.schedule.test_attention_projection import _decoder_attention
+from tests.schedule.test_decode_attention import decode_step
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.kinds import op_kind
 from tvm_ascendfuse.rule_specs import FALLBACK, RULE_SPECS, GroupShape, group_shape, predict_rule
@@ -134,6 +135,7 @@ CASES = {
     "matmul_norm": (lambda: ffn(16, 32, 64), {"ChainedGemmFusionPass": "off"}, {"matmul+norm"}),
     "reduction": (_softmax, None, {"reduction"}),
     "elementwise": (_elementwise, None, {"elementwise"}),
+    "decode": (decode_step, None, {"gemv", "decode-attention"}),
 }
 
 

@@ -411,22 +411,26 @@ def is_plane_pool(stmt) -> bool:
 
 
 # ---- one letter per op -------------------------------------------------------------------------------------
-def product_rows(func) -> int | None:
-    """Static rows (batch x sequence) of the one GEMM of a legalized op's PrimFunc, None when it has no such
-    GEMM or the rows are symbolic."""
+def product_rows(func) -> tuple[int, int] | None:
+    """(rows, batch) of the one GEMM of a legalized op's PrimFunc: the static rows of A per batch item
+    (sequence) and the batch items (heads, batch) whose B differs; None when it has no such GEMM or either is
+    symbolic."""
     if not isinstance(func, tirx.PrimFunc) or not isinstance(func.body, s_tir.SBlockRealize):
         return None
     products = [b for b in func_blocks(func) if is_reduction_block(b) and is_product_block(b)]
     roles = gemm_roles(products[0]) if len(products) == 1 else None
     if roles is None:
         return None
-    rows = 1
-    for p in roles.batch + roles.m:
-        ext = products[0].iter_vars[p].dom.extent
-        if not isinstance(ext, tirx.IntImm):
-            return None
-        rows *= int(ext)
-    return rows
+    counts = []
+    for axes in (roles.m, roles.batch):
+        n = 1
+        for p in axes:
+            ext = products[0].iter_vars[p].dom.extent
+            if not isinstance(ext, tirx.IntImm):
+                return None
+            n *= int(ext)
+        counts.append(n)
+    return counts[0], counts[1]
 
 
 def op_kind(func) -> str:

@@ -51,14 +51,16 @@ class GroupShape:
 
     kinds: str
     chained: bool = False
-    rows: int | None = None      # the most rows (batch x sequence) of its GEMMs; None: symbolic, or no GEMM
+    rows: int | None = None      # the most rows per batch item of its GEMMs; None: symbolic, or no GEMM
+    batched: bool = False        # a GEMM of several batch items (heads) whose B differs
 
 
 @dataclass(frozen=True)
 class RuleSpec:
     """One rule's declaration. ``takes``: a regular expression the whole kind string must match;
     ``chained``: True = the products must feed one another, False = they must not, None = either;
-    ``max_rows``: the GEMMs must have static rows, at most this many (None: any)."""
+    ``max_rows``: the GEMMs must have static rows per batch item, at most this many (None: any);
+    ``batched``: True = some GEMM has several batch items, False = none has, None = either."""
 
     name: str
     takes: str
@@ -66,6 +68,7 @@ class RuleSpec:
     chained: bool | None = None
     note: str = ""
     max_rows: int | None = None
+    batched: bool | None = None
     _regex: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -76,6 +79,8 @@ class RuleSpec:
             return False
         if self.max_rows is not None and (shape.rows is None or shape.rows > self.max_rows):
             return False
+        if self.batched is not None and shape.batched != self.batched:
+            return False
         return self._regex.fullmatch(shape.kinds) is not None
 
 
@@ -85,8 +90,11 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
     RuleSpec("squeeze-excite", r"[EL]*M[EL]*[CG][EL]*[CG][EL]*", SPECIALISED,
              note="whole-plane mean -> FC (1x1 conv or matmul) -> activation -> FC -> gate"),
     RuleSpec("gemv", r"[ELR]*G([EL]*G)*[ELRMelrm]*", SPECIALISED, chained=False, max_rows=GEMV_MAX_ROWS,
+             batched=False,
              note="products of a few rows (a decode step): the weight streamed in panels, one per task; a row "
                   "norm before or after them computed once"),
+    RuleSpec("decode-attention", r"[EL]*G[EL]*R[ELR]*G[EL]*", SPECIALISED, chained=True, max_rows=GEMV_MAX_ROWS,
+             note="attention of a few query rows per head over the keys (a decode step), one task per head"),
     RuleSpec("attention-projection", r"[ELR]*(G[EL]*)?(T|G[EL]*R[ELR]*G)[EL]*G[ELR]*", SPECIALISED, chained=True,
              note="attention with its output projection (and query projection, norms) per block of query rows"),
     RuleSpec("attention", r"[EL]*(T|G[EL]*R[ELR]*G)[EL]*", SPECIALISED, chained=True,
@@ -138,7 +146,7 @@ def predict_rule(shape: GroupShape) -> RuleSpec:
 def group_shape(kinds, producers, outputs=(), rows=()) -> GroupShape:
     """The shape of a group of ops: ``kinds`` one letter per op in program order, ``producers[i]`` the
     positions (within the group) of the ops op ``i`` reads, ``outputs`` the positions whose values leave the
-    group (the last op's always does), ``rows[i]`` the static rows of op ``i`` when it is a GEMM."""
+    group (the last op's always does), ``rows[i]`` op ``i``'s ``kinds.product_rows`` when it is a GEMM."""
     last = len(kinds) - 1
     kinds = "".join(k.lower() if i in outputs and i != last else k for i, k in enumerate(kinds))
     products = [i for i, k in enumerate(kinds) if k.upper() in PRODUCT_KINDS]
@@ -152,5 +160,6 @@ def group_shape(kinds, producers, outputs=(), rows=()) -> GroupShape:
             below[i] = up
         chained = any(set(products) & below[i] for i in products)
     gemm_rows = [r for k, r in zip(kinds, rows) if k == GEMM] if rows else [None]
-    most = None if not gemm_rows or None in gemm_rows else max(gemm_rows)
-    return GroupShape(kinds, chained, most)
+    most = None if not gemm_rows or None in gemm_rows else max(r[0] for r in gemm_rows)
+    batched = any(r is not None and r[1] > 1 for r in gemm_rows)
+    return GroupShape(kinds, chained, most, batched)

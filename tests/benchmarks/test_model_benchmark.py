@@ -1,6 +1,6 @@
 """benchmarks/model_benchmark.py and its pieces (profile_kernels on any ONNX file, ort_same_ops) on a tiny
 ONNX model: conv + ReLU (conv2d rule), depthwise conv + SiLU + mean over the channels (a generic-rule kernel: the
-depthwise rule takes a mean over whole planes after it, not this one), matmul."""
+depthwise rule takes a mean over whole planes after it, not this one), the classifier of one image on the GEMV rule."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def compiled():
 def test_static_info_rules_and_constant_inputs(compiled):
     _, _, info = compiled
     rules = sorted(k["rule"] for k in info.values() if k["n_inputs"])
-    assert rules == ["conv2d", "matmul", "reduction"]
+    assert rules == ["conv2d", "gemv", "reduction"]
     dw = next(k for k in info.values() if k["rule"] == "reduction")
     assert "silu" in dw["ops"] and "mean" in dw["ops"]
     # one call: the activation, then the depthwise weight and the bias as constants
@@ -128,7 +128,7 @@ def test_whole_harness_on_a_tiny_onnx_file(tmp_path):
     row = mb.benchmark_model(str(path), _opts(), cache=tmp_path)
     assert row["built_default"] and row["built_ours"], row
     assert row["kernels_ours"] == 3 and row["kernels_default"] > 3
-    assert row["launches_per_rule"] == {"conv2d": 1, "reduction": 1, "matmul": 1}
+    assert row["launches_per_rule"] == {"conv2d": 1, "reduction": 1, "gemv": 1}
     assert row["agrees_ours"] and row["agrees_default"], row
     assert row["rel_err_ours"] < 1e-4
     assert row["timing"]["rounds"] == 3 and min(row["timing"]["calls_per_round"]["ours"]) >= 5
@@ -161,7 +161,7 @@ def test_diagnosis_times_phases_and_kernels_and_names_a_hang(tmp_path):
     d = mb.diagnose(path, tmp_path, step_timeout=120)
     assert {"graph_fusion", "ub_fusion", "schedule", "lowering"} <= set(d["phases"])
     assert d["kernels_built"] >= 3 and not d["hung"] and not d["failed"]
-    assert {k["rule"] for k in d["slowest_kernels"]} >= {"conv2d", "reduction", "matmul"}
+    assert {k["rule"] for k in d["slowest_kernels"]} >= {"conv2d", "reduction", "gemv"}
     # nothing answers within 10 ms (the process is still importing TVM): killed, named, not raised
     hung = mb.diagnose(path, tmp_path, step_timeout=0.01, max_restarts=0)["hung"]
     assert hung and hung[0]["over_s"] == 0.01

@@ -46,7 +46,9 @@ def bias_residual(x, w, b, r):
     (bias_residual, [(3, 40), (40, 64), (64,), (3, 64)]),          # three rows
     (bias_residual, [(2, 2, 40), (40, 48), (48,), (2, 2, 48)]),    # batch 2 x 2 rows
     (lambda x, w: op.matmul(x, w), [(1, 130), (130, 32)]),           # no epilogue: the accumulator copied out
-], ids=["swiglu", "residual_norm", "norm_projection", "three_rows", "batch_rows", "plain"])
+    (bias_residual, [(1, 72), (72, 1000), (1000,), (1, 1000)]),      # 1000 classes: panels of 40 columns
+    (bias_residual, [(1, 24), (24, 10), (10,), (1, 10)]),            # 10 classes: panels of 2 columns
+], ids=["swiglu", "residual_norm", "norm_projection", "three_rows", "batch_rows", "plain", "classes", "ten"])
 def test_numbers(build, shapes, host):
     func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
     mod = check_rule(GemvRule(), func, host=host)
@@ -78,7 +80,6 @@ def test_norm_computed_once_not_per_panel():
     (lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2), [(1, 32), (32, 64), (64, 32)], "chained"),
     (lambda q, k, v: op.matmul(op.nn.softmax(op.matmul(q, op.permute_dims(k)), -1), v),
      [(1, 16), (32, 16), (32, 16)], "attention: a softmax between the products"),
-    (lambda x, w: op.matmul(x, w), [(1, 32), (32, 20)], "20 columns: no vector width divides them"),
 ])
 def test_declines(build, shapes, why):
     assert GemvRule().apply(fused_kernel(build, shapes), NPU, NATIVE) is None, why
@@ -94,7 +95,9 @@ def test_panel_columns():
     assert panel_columns(2816, 1, hv, "float32") == 64          # four vectors, 44 panels
     assert panel_columns(256, 1, hv, "float32") == 32            # fewer columns: enough panels for the cores
     assert panel_columns(48, 1, hv, "float32") == 16
-    assert panel_columns(40, 1, hv, "float32") is None
+    assert panel_columns(1000, 1, hv, "float32") == 40          # 16 + 16 + 8 lanes, 25 panels
+    assert panel_columns(10, 1, hv, "float32") == 2              # five panels of two columns
+    assert panel_columns(18, 1, hv, "float32") == 2              # nine panels of two columns
     assert panel_columns(1024, 4, HostVector(256, 16, 2), "float32") == 16    # 4 rows x 2 vectors = 8 acc.
 
 
@@ -104,7 +107,8 @@ def test_rule_table_sends_few_rows_to_gemv():
     assert predict_rule(GroupShape("RGE", rows=4)).name == "gemv"
     assert predict_rule(GroupShape("GEeRE", rows=5)).name == "matmul+norm"
     assert predict_rule(GroupShape("GEeRE", rows=None)).name == "matmul+norm"     # symbolic rows
-    assert predict_rule(GroupShape("GERG", True, rows=1)).name == "attention"
+    assert predict_rule(GroupShape("GEeRE", rows=1, batched=True)).name == "matmul+norm"   # no shared weight
+    assert predict_rule(GroupShape("GERG", True, rows=1, batched=True)).name == "decode-attention"
 
 
 def _decoder_step(h=128, ffn=256):

@@ -118,7 +118,7 @@ def kernel_table(mod_after: tvm.IRModule, groups: dict[str, dict]) -> list[dict]
         g = groups.get(name)
         row = {"name": name, "launches": n, "ops": g["ops"] if g else [name],
                "pattern": g["pattern"] if g else None, "fused": bool(g) and len(g["ops"]) > 1}
-        shape = g.get("shape") if g else (GroupShape(op_kind(funcs[name]), rows=product_rows(funcs[name]))
+        shape = g.get("shape") if g else (group_shape(op_kind(funcs[name]), [set()], (), [product_rows(funcs[name])])
                                           if name in funcs else None)
         if shape is not None:
             # the rule table's view of the kernel: the rule the schedule phase is expected to pick

@@ -54,7 +54,7 @@ class Node:
     concat: bool = False                               # a concatenate
     row_norm: bool = False                             # a vector reduction over the last axis only (norm)
     kind: str = OPAQUE_KIND                            # kinds.op_kind of the PrimFunc (the rule table's letter)
-    rows: int | None = None                            # kinds.product_rows: static rows of a GEMM op
+    rows: tuple | None = None                          # kinds.product_rows of a GEMM op: (rows, batch)
     locked: int | None = None                          # index of the pattern group it came from
     binding: object | None = None                      # the block binding it stands for (None: inside a pattern)
 

@@ -37,6 +37,7 @@ from .chained_gemm import ChainedGemmRule
 from .code_size import bound_code_size
 from .common import host_of
 from .conv import Conv2dRule
+from .decode_attention import DecodeAttentionRule
 from .depthwise_conv import DepthwiseConv2dRule
 from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
@@ -53,11 +54,11 @@ from .squeeze_excite import SqueezeExciteRule
 from .tuned import tuned_rules
 
 # Most specific first. Squeeze-excite (a spatial sum then two small products) before everything that takes
-# products; then products of a few rows (a decode step: memory-bound, whatever else the kernel holds).
-# Attention (two products around a softmax) and several independent products (SwiGLU) precede the
-# single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (SqueezeExciteRule, GemvRule, AttentionProjectionRule, AttentionRule, ChainedGemmRule,
-                 MultiGemmRule, MatmulRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
+# products; then products of a few rows and attention of a few query rows (a decode step: memory-bound,
+# whatever else the kernel holds). Attention (two products around a softmax) and several independent products
+# (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
+DEFAULT_RULES = (SqueezeExciteRule, GemvRule, DecodeAttentionRule, AttentionProjectionRule, AttentionRule,
+                 ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
