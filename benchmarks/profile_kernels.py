@@ -137,11 +137,13 @@ def call_plan(mod: tvm.IRModule) -> dict[str, dict]:
 def model_inputs(model, seed: int = 0, int_high: int | None = None, dim: int = 1) -> list[np.ndarray]:
     """Seeded random inputs for every graph input of an ONNX model: floats standard normal, integers in
     [0, high) with high the vocabulary the export recorded (``public_models.INT_HIGH_KEY``), else
-    ``int_high`` (default 2), booleans random; symbolic dimensions set to ``dim``."""
+    ``int_high`` (default 2), booleans random; symbolic dimensions set to the size the export recorded for
+    them (``public_models.SYMBOLIC_DIMS_KEY``: a decode step's cache length), else ``dim``."""
     from onnx import helper
 
     meta = {p.key: p.value for p in model.metadata_props}
     high = int(meta.get("ascendfuse.int_input_high", int_high or 2))
+    sizes = dict(item.split("=") for item in meta.get("ascendfuse.symbolic_dims", "").split(",") if "=" in item)
     inits = {i.name for i in model.graph.initializer}
     rng = np.random.default_rng(seed)
     arrays = []
@@ -149,7 +151,7 @@ def model_inputs(model, seed: int = 0, int_high: int | None = None, dim: int = 1
         if inp.name in inits:
             continue
         tt = inp.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else dim for d in tt.shape.dim]
+        shape = [d.dim_value if d.HasField("dim_value") else int(sizes.get(d.dim_param, dim)) for d in tt.shape.dim]
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
         if dtype.kind == "f":
             arrays.append(rng.standard_normal(shape).astype(dtype))

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 INT_HIGH_KEY = "ascendfuse.int_input_high"   # ONNX metadata: integer inputs are drawn from [0, value)
 FAMILY_KEY = "ascendfuse.family"
+# ONNX metadata: sizes to run symbolic dimensions at, "name=value,..." (profile_kernels.model_inputs)
+SYMBOLIC_DIMS_KEY = "ascendfuse.symbolic_dims"
 SEED = 0
 
 # ---------------------------------------------------------------------------------------------------------
@@ -45,6 +47,9 @@ WHISPER_TINY = dict(                           # Whisper tiny's encoder (openai/
     decoder_layers=4, decoder_attention_heads=6, decoder_ffn_dim=1536, frames=3000)
 BERT = dict(seq=128)                           # bert-base-uncased sizes: transformers' BertConfig() defaults
 DISTILBERT = dict(seq=128)                     # distilbert-base sizes: DistilBertConfig() defaults
+DECODE_PAST = 511                              # decode steps: the KV cache holds 511 tokens, the step adds
+#                                                the 512th (the symbolic variants take any length up to
+#                                                max_position_embeddings - 1; benchmarked at 511 too)
 QWEN2 = dict(                                  # a Qwen2-style decoder, shrunk: 2 layers of Qwen2-0.5B's
     seq=128, hidden_size=896, num_hidden_layers=2,          # width (896, 14 query / 2 KV heads, head 64,
     num_attention_heads=14, num_key_value_heads=2,          # SwiGLU 4864, QKV biases); vocabulary cut to
@@ -56,7 +61,9 @@ class PublicModel:
     name: str
     family: str                      # "cnn" or "transformer"
     description: str
-    build: Callable[[], tuple[Any, tuple, list[str]]]   # -> (torch module in eval mode, example inputs, names)
+    # -> (torch module in eval mode, example inputs, input names[, export options]); the options (dynamo
+    # export only) may give output_names, dynamic_shapes and symbolic_dims (the sizes to benchmark at)
+    build: Callable[[], tuple]
     dynamo: bool = False
     int_high: int | None = None      # integer inputs are drawn from [0, int_high)
     notes: list[str] = field(default_factory=list)
@@ -207,6 +214,63 @@ def _whisper_encoder():
     return _LastHidden.wrap(encoder), (mel,), ["input_features"]
 
 
+def _decode(model_cls: str, config_cls: str, config: dict, past: int, symbolic: bool):
+    """One decode step with an explicit KV cache: inputs the new token's id (1, 1) and, per layer, the cache's
+    keys and values ``past_k{i}``/``past_v{i}`` (1, kv_heads, past, head_dim); the wrapper fills a transformers
+    ``DynamicCache`` with them and returns the last hidden state (1, 1, hidden) and the updated cache
+    ``present_k{i}``/``present_v{i}`` (1, kv_heads, past + 1, head_dim): the transformers model's own cache
+    handling (RoPE positions from the cache length, the causal mask over cache + new token, GQA repeat).
+    ``symbolic``: the cache length is ``torch.export.Dim("past")`` in the export, a symbolic ONNX dim."""
+    def build():
+        torch = _torch()
+        tf = _transformers()
+        torch.manual_seed(SEED)
+        cfg = getattr(tf, config_cls)(**config)
+        cfg._attn_implementation = "eager"
+        model = getattr(tf, model_cls)(cfg).eval()
+        layers, heads = cfg.num_hidden_layers, cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+
+        class DecodeStep(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, *past):
+                cache = tf.DynamicCache()
+                for i in range(layers):
+                    cache.update(past[2 * i], past[2 * i + 1], i)
+                out = self.inner(input_ids=input_ids, past_key_values=cache, use_cache=True)
+                present = []
+                for layer in out.past_key_values.layers:
+                    present += [layer.keys, layer.values]
+                return (out.last_hidden_state, *present)
+
+        g = torch.Generator().manual_seed(SEED)
+        cache = tuple(torch.randn(1, kv_heads, past, head_dim, generator=g) for _ in range(2 * layers))
+        kinds = [f"{k}{i}" for i in range(layers) for k in "kv"]
+        options = {"output_names": ["output"] + [f"present_{k}" for k in kinds]}
+        if symbolic:
+            length = torch.export.Dim("past", min=1, max=int(cfg.max_position_embeddings) - 2)
+            options["dynamic_shapes"] = ({}, tuple({2: length} for _ in cache))
+            options["symbolic_dims"] = {"past": past}
+        return (DecodeStep(model).eval(), (_tokens(1, cfg.vocab_size), *cache),
+                ["input_ids"] + [f"past_{k}" for k in kinds], options)
+    return build
+
+
+def _decode_models(name: str, what: str, model_cls: str, config_cls: str, sizes: dict) -> list[PublicModel]:
+    """``<name>_decode`` (cache length ``DECODE_PAST``) and ``<name>_decode_sym`` (the length symbolic)."""
+    cfg = {k: v for k, v in sizes.items() if k != "seq"}
+    vocab = sizes.get("vocab_size")
+    return [PublicModel(f"{name}_decode{suffix}", "transformer",
+                        f"{what}, one decode step, KV cache of {DECODE_PAST} tokens" + (" (symbolic length)"
+                                                                                       if symbolic else ""),
+                        _decode(model_cls, config_cls, cfg, DECODE_PAST, symbolic), dynamo=True, int_high=vocab)
+            for suffix, symbolic in (("", False), ("_sym", True))]
+
+
 def _config_vocab(config_cls: str, config: dict) -> int:
     return int(config.get("vocab_size") or getattr(_transformers(), config_cls)().vocab_size)
 
@@ -239,6 +303,10 @@ MODELS: dict[str, PublicModel] = {m.name: m for m in [
                 f"transformers LLaMA-style, {LLAMA['num_hidden_layers']} layers, hidden {LLAMA['hidden_size']}, "
                 f"GQA {LLAMA['num_attention_heads']}/{LLAMA['num_key_value_heads']}, seq {LLAMA['seq']}",
                 _llm("LlamaModel", "LlamaConfig", LLAMA), dynamo=True, int_high=LLAMA["vocab_size"]),
+    *_decode_models("llama", f"transformers LLaMA-style ({LLAMA['num_hidden_layers']} layers, hidden "
+                    f"{LLAMA['hidden_size']}, GQA {LLAMA['num_attention_heads']}/{LLAMA['num_key_value_heads']})",
+                    "LlamaModel", "LlamaConfig", LLAMA),
+    *_decode_models("gpt2", "transformers GPT-2 small (default config)", "GPT2Model", "GPT2Config", GPT2),
     PublicModel("whisper_tiny_encoder", "transformer", "transformers Whisper tiny encoder, 80x3000 mel",
                 _whisper_encoder, dynamo=True),
     PublicModel("bert", "transformer", f"transformers BERT-base (default config), seq {BERT['seq']}",
@@ -278,13 +346,16 @@ def export(name: str, folder: str | os.PathLike | None = None, force: bool = Fal
 
     path.parent.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    module, inputs, input_names = spec.build()
+    module, inputs, input_names, *rest = spec.build()
+    options = dict(rest[0]) if rest else {}
+    symbolic_dims = options.pop("symbolic_dims", None)
+    options.setdefault("output_names", ["output"])
     tmp = path.with_suffix(".tmp.onnx")
     if spec.dynamo:
         for p in module.parameters():      # inference export: no autograd state in the traced program
             p.requires_grad_(False)
-        prog = torch.onnx.export(module, inputs, input_names=input_names, output_names=["output"],
-                                 opset_version=18, dynamo=True, external_data=False, verbose=False)
+        prog = torch.onnx.export(module, inputs, input_names=input_names, opset_version=18, dynamo=True,
+                                 external_data=False, verbose=False, **options)
         prog.save(str(tmp))
     else:
         # Not under no_grad: with gradients off, nn.MultiheadAttention (ViT) takes its fused fast path, an
@@ -298,6 +369,8 @@ def export(name: str, folder: str | os.PathLike | None = None, force: bool = Fal
     meta = {FAMILY_KEY: spec.family}
     if high is not None:
         meta[INT_HIGH_KEY] = str(high)
+    if symbolic_dims:
+        meta[SYMBOLIC_DIMS_KEY] = ",".join(f"{k}={v}" for k, v in symbolic_dims.items())
     for k, v in meta.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = k, v

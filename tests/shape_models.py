@@ -117,3 +117,115 @@ def ort_run(model: onnx.ModelProto, feeds: dict) -> list:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def decode_step(hidden: int = 32, heads: int = 4, kv_heads: int = 2, head_dim: int = 8, seed: int = 0,
+                past="past") -> onnx.ModelProto:
+    """One decode step of a LLaMA-style attention with an explicit KV cache, written the way the dynamo
+    exporter writes ``transformers``' models with a symbolic cache length ``past`` (``past=None``: a static
+    cache length of 5, for comparison).
+
+    Inputs ``x`` (1, 1, hidden), ``past_k``/``past_v`` (1, kv_heads, past, head_dim); outputs the attention
+    output (1, 1, hidden) and the new cache (1, kv_heads, past + 1, head_dim). The size arithmetic on ``past``:
+    ``Shape(past_k)[2:3] -> Squeeze`` (the cache length), ``Add(arange [0], len)`` the new token's position (a
+    rank-1 value TVM 0.27 makes a scalar) ``-> Unsqueeze(axes=[0, 1]) -> Cast`` into the rotary angle;
+    ``Range(0, len + 1)`` the key positions and ``LessOrEqual`` the causal mask, ``Expand``ed to a shape from
+    ``Concat(.., Reshape(len + 1, [-1]))``; the grouped-query repeat of K/V as ``Unsqueeze -> Expand -> Reshape``
+    with shapes from ``Shape -> Gather -> Unsqueeze -> Concat``; the concat of the cache and the new K/V along
+    the length axis, and the attention over it."""
+    rng = np.random.default_rng(seed)
+    rep = heads // kv_heads
+    w = {n: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(s[0])).astype("float32"), n)
+         for n, s in [("wq", (hidden, heads * head_dim)), ("wk", (hidden, kv_heads * head_dim)),
+                      ("wv", (hidden, kv_heads * head_dim)), ("wo", (heads * head_dim, hidden))]}
+    inv_freq = numpy_helper.from_array((1.0 / 10000 ** (np.arange(0, head_dim, 2) / head_dim)).astype("float32"),
+                                       "inv_freq")
+    half = head_dim // 2
+    nodes = [
+        _c("zero_v", [0]), _c("one_v", [1]), _c("two_v", [2]), _c("one", 1), _c("zero", 0), _c("axes01", [0, 1]),
+        _c("minus1_v", [-1]), _c("half_v", [half]), _c("hd_v", [head_dim]), _c("big_v", [2 ** 62]),
+        _c("last_v", [3]), _c("kvh_v", [kv_heads]), _c("rep_v", [rep]), _c("heads_v", [heads]),
+        _c("two", 2),
+        # the cache length and the new token's position
+        helper.make_node("Shape", ["past_k"], ["len_v"], start=2, end=3),
+        helper.make_node("Squeeze", ["len_v"], ["len"]),
+        helper.make_node("Add", ["zero_v", "len"], ["pos"]),                       # shape (1,)
+        helper.make_node("Add", ["len", "one"], ["total"]),
+        helper.make_node("Range", ["zero", "total", "one"], ["kpos"]),
+        helper.make_node("Unsqueeze", ["pos", "axes01"], ["pos3"]),               # (1, 1, 1)
+        helper.make_node("Unsqueeze", ["kpos", "axes01"], ["kpos3"]),
+        helper.make_node("Unsqueeze", ["kpos3", "two_v"], ["kpos4"]),             # (1, 1, 1, past + 1)
+        helper.make_node("LessOrEqual", ["kpos4", "pos3"], ["allowed"]),
+        helper.make_node("Reshape", ["total", "minus1_v"], ["total_v"]),
+        helper.make_node("Concat", ["one_v", "one_v", "one_v", "total_v"], ["mask_shape"], axis=0),
+        helper.make_node("Expand", ["allowed", "mask_shape"], ["allowed4"]),
+        _c("zero_f", 0.0, "float32"), _c("ninf", -3.4028234663852886e38, "float32"),
+        helper.make_node("Where", ["allowed4", "zero_f", "ninf"], ["mask"]),
+        # rotary angle of the position
+        helper.make_node("Cast", ["pos3"], ["posf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["posf", "inv_freq"], ["freqs"]),
+        helper.make_node("Concat", ["freqs", "freqs"], ["emb"], axis=-1),
+        helper.make_node("Cos", ["emb"], ["cos3"]), helper.make_node("Sin", ["emb"], ["sin3"]),
+        helper.make_node("Unsqueeze", ["cos3", "one_v"], ["cos"]),
+        helper.make_node("Unsqueeze", ["sin3", "one_v"], ["sin"]),
+    ]
+
+    def heads_of(src, n_heads, name):
+        nodes.extend([helper.make_node("MatMul", ["x", "w" + name], [name + "_p"]),
+                      _c(name + "_shape", [1, 1, n_heads, head_dim]),
+                      helper.make_node("Reshape", [name + "_p", name + "_shape"], [name + "_r"]),
+                      helper.make_node("Transpose", [name + "_r"], [name + "_t"], perm=[0, 2, 1, 3])])
+        return name + "_t"
+
+    def rotary(t):
+        nodes.extend([helper.make_node("Slice", [t, "zero_v", "half_v", "last_v"], [t + "_a"]),
+                      helper.make_node("Slice", [t, "half_v", "big_v", "last_v"], [t + "_b"]),
+                      helper.make_node("Neg", [t + "_b"], [t + "_nb"]),
+                      helper.make_node("Concat", [t + "_nb", t + "_a"], [t + "_rot"], axis=-1),
+                      helper.make_node("Mul", [t, "cos"], [t + "_c"]),
+                      helper.make_node("Mul", [t + "_rot", "sin"], [t + "_s"]),
+                      helper.make_node("Add", [t + "_c", t + "_s"], [t + "_e"])])
+        return t + "_e"
+
+    q = rotary(heads_of("x", heads, "q"))
+    k = rotary(heads_of("x", kv_heads, "k"))
+    v = heads_of("x", kv_heads, "v")
+    nodes += [helper.make_node("Concat", ["past_k", k], ["present_k"], axis=-2),
+              helper.make_node("Concat", ["past_v", v], ["present_v"], axis=-2)]
+    for t in ("present_k", "present_v"):
+        # grouped-query repeat: (1, kv, L, d) -> (1, kv, rep, L, d) -> (1, heads, L, d), shapes from Shape
+        nodes += [helper.make_node("Shape", [t], [t + "_shape"]),
+                  helper.make_node("Gather", [t + "_shape", "two"], [t + "_len"], axis=0),
+                  helper.make_node("Unsqueeze", [t + "_len", "zero_v"], [t + "_len_v"]),
+                  helper.make_node("Concat", ["one_v", "kvh_v", "rep_v", t + "_len_v", "hd_v"], [t + "_xs"], axis=0),
+                  helper.make_node("Unsqueeze", [t, "two_v"], [t + "_u"]),
+                  helper.make_node("Expand", [t + "_u", t + "_xs"], [t + "_x"]),
+                  helper.make_node("Concat", ["one_v", "heads_v", t + "_len_v", "hd_v"], [t + "_rs"], axis=0),
+                  helper.make_node("Reshape", [t + "_x", t + "_rs"], [t + "_all"])]
+    nodes += [
+        helper.make_node("Transpose", ["present_k_all"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", [q, "kt"], ["scores0"]),
+        _c("scale", 1.0 / np.sqrt(head_dim), "float32"),
+        helper.make_node("Mul", ["scores0", "scale"], ["scores1"]),
+        helper.make_node("Add", ["scores1", "mask"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "present_v_all"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        _c("out_shape", [1, 1, -1]),
+        helper.make_node("Reshape", ["ctx_t", "out_shape"], ["ctx_r"]),
+        helper.make_node("MatMul", ["ctx_r", "wo"], ["y"]),
+    ]
+    length = 5 if past is None else past
+    total = 6 if past is None else f"{past} + 1"
+    cache = lambda n, L: helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, kv_heads, L, head_dim])  # noqa: E731
+    graph = helper.make_graph(
+        nodes, "decode_step",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, hidden]), cache("past_k", length),
+         cache("past_v", length)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, hidden]), cache("present_k", total),
+         cache("present_v", total)],
+        initializer=list(w.values()) + [inv_freq])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9       # what onnxruntime takes
+    onnx.checker.check_model(model)
+    return model

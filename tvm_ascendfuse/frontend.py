@@ -220,14 +220,19 @@ def import_onnx(model, shape_dict: dict | None = None, fold_shapes: bool = True)
 
     ``fold_shapes`` (on by default): shape computations on static tensors are folded to constants on the
     ONNX graph first (``onnx_shapes.fold_shapes``); without it TVM's importer cannot take models such as
-    torchvision's Swin-T ("Reshape expects the input tensor to have known shape"). What was folded is kept
-    as the module attribute ``ascendfuse.frontend`` and lands in the report's ``frontend`` section."""
+    torchvision's Swin-T ("Reshape expects the input tensor to have known shape"). Computations on a
+    symbolic dimension (an LLM decode step's cache length) are evaluated symbolically during the import
+    (``onnx_symbolic``), so the dimension stays one ``tirx.Var`` in ``main``'s signature and in every shape
+    derived from it. What was folded is kept as the module attribute ``ascendfuse.frontend`` and lands in
+    the report's ``frontend`` section. ``fold_shapes=False`` imports exactly as TVM does."""
     from tvm.relax.frontend.onnx import from_onnx
 
     proto = load_onnx(model)
     folding = None
     if fold_shapes:
         from .onnx_shapes import fold_shapes as fold
+        # sizes computed from a symbolic dimension are evaluated symbolically (onnx_symbolic's docstring)
+        from .onnx_symbolic import from_onnx
 
         proto, folding = fold(proto)
     proto = _axes_as_lists(proto)

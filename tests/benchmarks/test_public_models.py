@@ -17,6 +17,8 @@ pk = importlib.import_module("profile_kernels")
 def test_importing_the_set_needs_no_torch():
     # the registry and its sizes are plain data; only building a model imports torch
     assert {"resnet18", "convnext_tiny", "gpt2", "llama", "whisper_tiny_encoder", "qwen2"} <= set(pm.MODELS)
+    assert {"llama_decode", "llama_decode_sym", "gpt2_decode", "gpt2_decode_sym"} <= set(pm.MODELS)
+    assert all(pm.MODELS[n].dynamo for n in pm.MODELS if "_decode" in n)
     assert pm.LLAMA["num_attention_heads"] % pm.LLAMA["num_key_value_heads"] == 0
     assert pm.KNOWN_TVM_FAILURES <= set(pm.MODELS)
 
@@ -71,3 +73,50 @@ def test_qwen2_export_records_its_vocabulary(tmp_path):
     assert ids.shape == (1, pm.QWEN2["seq"]) and 0 <= ids.min() and ids.max() < pm.QWEN2["vocab_size"]
     y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids})[0]
     assert y.shape == (1, pm.QWEN2["seq"], pm.QWEN2["hidden_size"])
+
+
+def test_symbolic_dims_are_generated_at_the_recorded_size():
+    """A decode step's cache length is benchmarked at the size its export recorded, not at 1."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["k"], ["y"])], "g",
+                              [helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 2, "past", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, "past", 4])])
+    model = helper.make_model(graph)
+    assert pk.model_inputs(model)[0].shape == (1, 2, 1, 4)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = pm.SYMBOLIC_DIMS_KEY, "past=7"
+    assert pk.model_inputs(model)[0].shape == (1, 2, 7, 4)
+
+
+@pytest.mark.slow
+def test_llama_decode_step_with_symbolic_cache_imports_compiles_and_matches(tmp_path):
+    """The transformers LLaMA decode step exported with the cache length symbolic: ``past`` stays one var of
+    main's signature, and one build matches onnxruntime at several cache lengths."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+    import tvm
+
+    import tvm_ascendfuse as af
+    from tests.helpers import assert_close, run_vm
+    from tvm_ascendfuse.frontend import import_onnx
+
+    path = pm.export("llama_decode_sym", tmp_path, log=lambda *_: None)
+    model = onnx.load(str(path))
+    assert {p.key: p.value for p in model.metadata_props}[pm.SYMBOLIC_DIMS_KEY] == f"past={pm.DECODE_PAST}"
+    mod = import_onnx(str(path))
+    params = mod["main"].params
+    past = params[1].ty.shape.values[2]
+    assert isinstance(past, tvm.tirx.Var) and all(p.ty.shape.values[2].same_as(past) for p in params[1:])
+    result = af.compile_model(mod, portable=True)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    for length in (1, 64, 511):
+        rng = np.random.default_rng(length)
+        feeds = {i.name: (rng.integers(0, pm.LLAMA["vocab_size"], (1, 1)) if i.name == "input_ids" else
+                          rng.standard_normal([1, pm.LLAMA["num_key_value_heads"], length, 64]).astype("float32"))
+                 for i in sess.get_inputs()}
+        assert_close(run_vm(result.executable, list(feeds.values())), sess.run(None, feeds), rtol=0, atol=1e-3)

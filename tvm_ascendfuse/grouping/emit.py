@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import heapq
 
-from tvm import relax
+import tvm
+from tvm import relax, tirx
 
 from ..target import AscendTarget
 from .chain import Chain
@@ -111,11 +112,22 @@ class _Emitter:
         outs = set(model.outputs(members, self.queue.group_of))
         outs |= {m for m in members if read_by.get(nodes[m].var, set()) - {g.gid}}
         outs = [m for m in members if m in outs]
-        params, remap = [], {}
+        params, remap, sizes = [], {}, []
         for i, key in enumerate(ins):
+            if tvm.ir.is_prim_expr(key):
+                # a symbolic size a kernel takes as a scalar (call_tir's tir var argument) stays the caller's
+                # var, defined in the group by one R.Shape parameter as TVM's FuseOps does: a fresh
+                # parameter would be another var than the one in the tensor parameters' shapes, and the
+                # fused kernel then used a var it is not passed ("variables (past,) are used, but are not
+                # passed in as API arguments")
+                remap[key] = key
+                sizes += [v for v in tirx.analysis.undefined_vars(key) if not any(v.same_as(s) for s in sizes)]
+                continue
             pv = relax.Var(f"p{i}", key.ty)
             params.append(pv)
             remap[key] = pv
+        if sizes:
+            params.append(relax.Var("tir_vars", relax.ShapeType(sizes)))
         names = [nodes[m].name for m in members]
         pat = self.pattern_of(g)
         attrs = {"Primitive": True}
@@ -156,7 +168,8 @@ class _Emitter:
             fbb.emit_func_output(result)
         func = fbb.get()[name]
         gv = bb.add_func(func, name)
-        call = relax.Call(gv, list(ins.keys()))
+        call = relax.Call(gv, [k for k in ins if not tvm.ir.is_prim_expr(k)]
+                          + ([relax.ShapeExpr(sizes)] if sizes else []))
         lead = nodes[outs[0]]
         bindings = []
         if len(outs) == 1:
