@@ -63,3 +63,36 @@ def test_size_argument_is_the_callers_var(built):
     for f in groups:
         for p in f.params:
             assert isinstance(p.ty, (relax.TensorType, relax.ShapeType)), (p.name, p.ty)
+
+
+def _signature_dim_only():
+    """``broadcast_to(c, (n, 8)) -> exp -> + bias``: the group's only tensor inputs are constants, so no input
+    shape defines ``n``; the function's parameter ``x`` does (a decode step's mask and positions over the
+    cache length are built this way)."""
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 8), "float32"))
+    rng = np.random.default_rng(0)
+    c = relax.const(rng.standard_normal((1, 8)).astype("float32"))
+    bias = relax.const(rng.standard_normal((8,)).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            b = bb.emit(relax.op.broadcast_to(c, relax.ShapeExpr([n, 8])))
+            e = bb.emit(relax.op.add(relax.op.exp(b), bias))
+            out = bb.emit_output(relax.Tuple([e, relax.op.multiply(x, relax.const(2.0, "float32"))]))
+        bb.emit_func_output(out)
+    return bb.get(), c.value.numpy(), bias.value.numpy()
+
+
+def test_dims_of_the_signature_are_passed_to_a_group():
+    """The broadcast, exp and add are one kernel (the group is passed ``n`` as a size argument; it was refused
+    as 'defined by no input of the group' and each op was a kernel of its own), with numpy's numbers."""
+    mod, c, bias = _signature_dim_only()
+    built = compile_ours(mod)
+    [kernel] = [k for k in built.report.kernels if any("broadcast_to" in o for o in k["ops"])]
+    assert any("exp" in o for o in kernel["ops"]) and any("add" in o for o in kernel["ops"]), kernel["ops"]
+    for length in (1, 5):
+        x = np.random.default_rng(length).standard_normal((length, 8)).astype("float32")
+        got = run_vm(built.executable, [x])
+        assert_close(got[0], np.broadcast_to(np.exp(c) + bias, (length, 8)), rtol=1e-6, atol=1e-6)
+        assert_close(got[1], 2 * x, rtol=0, atol=0)

@@ -126,6 +126,12 @@ class _Emitter:
             pv = relax.Var(f"p{i}", key.ty)
             params.append(pv)
             remap[key] = pv
+        # dims of the members' types that no tensor parameter defines (the signature's, ``undefined_dim``)
+        defined = [v for p in params for v in relax.analysis.definable_tir_vars_in_type(p.ty)]
+        for m in members:
+            for v in relax.analysis.tir_vars_in_type(nodes[m].var.ty):
+                if not any(v.same_as(d) for d in defined + sizes):
+                    sizes.append(v)
         if sizes:
             params.append(relax.Var("tir_vars", relax.ShapeType(sizes)))
         names = [nodes[m].name for m in members]

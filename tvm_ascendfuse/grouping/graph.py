@@ -82,6 +82,9 @@ class BlockGraph:
     readers: dict                    # relax Var -> indices of the call_tir nodes reading it, in binding order
     patterns: list[PatternGroup]
     key: str = ""                    # "<function>:<block index>": names the block across runs on one module
+    # symbolic dims the function's parameters define (a decode step's cache length): in scope everywhere in
+    # the block, so a group whose inputs do not carry one is passed it as a size argument
+    signature_dims: tuple = ()
 
     def label(self, members) -> str:
         return "+".join(self.nodes[m].name or self.nodes[m].var.name for m in members)
@@ -176,7 +179,8 @@ class _Builder:
                     nodes[p].users.append(n.idx)
             if not isinstance(n.var, relax.DataflowVar):
                 n.escapes = True
-        return BlockGraph(nodes, var_node, readers, patterns)
+        dims = [v for p in self.func.params for v in relax.analysis.definable_tir_vars_in_type(p.ty)]
+        return BlockGraph(nodes, var_node, readers, patterns, signature_dims=tuple(dims))
 
     def _fill(self, n: Node, v, args, var):
         prim = self.mod[v.args[0]]

@@ -184,14 +184,16 @@ class FusionModel:
     def undefined_dim(self, members: list[int]) -> str | None:
         """A symbolic dim of a member's type that none of the group's inputs defines, else None.
 
-        A grouped function gets its dims from its parameters' shapes; a length computed at run time and bound
-        by a match_cast (ONNX Range: ``arange(0, n)`` then ``* delta + start``) is defined by no input of a
-        group that takes the arange in, and the group's call_tir would have an output of unknown shape
-        ("call_tir expects all TensorType has shape"). The arange stays its own call_tir, as TVM lowers it."""
+        A grouped function gets its dims from its parameters' shapes, or as a size argument when the function
+        signature defines them (``BlockGraph.signature_dims``: a decode step's cache length, in scope
+        everywhere); a length computed at run time and bound by a match_cast (ONNX Range: ``arange(0, n)``
+        then ``* delta + start``) is defined by no input of a group that takes the arange in, and the group's
+        call_tir would have an output of unknown shape ("call_tir expects all TensorType has shape"). The
+        arange stays its own call_tir, as TVM lowers it."""
         dims = [v for m in members for v in self._dims(m)]
         if not dims:
             return None
-        defined = set()
+        defined = set(self.graph.signature_dims)
         for key in self.inputs(members):
             if isinstance(key, relax.Var):
                 defined.update(relax.analysis.definable_tir_vars_in_type(key.ty))
