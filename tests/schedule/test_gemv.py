@@ -92,7 +92,7 @@ def test_symbolic_rows_declined():
 
 def test_panel_columns():
     hv = HostVector(512, 32, 2)
-    assert panel_columns(2816, 1, hv, "float32") == 64          # four vectors, 44 panels
+    assert panel_columns(2816, 1, hv, "float32") == 128         # eight vectors, 22 panels
     assert panel_columns(256, 1, hv, "float32") == 32            # fewer columns: enough panels for the cores
     assert panel_columns(48, 1, hv, "float32") == 16
     assert panel_columns(1000, 1, hv, "float32") == 40          # 16 + 16 + 8 lanes, 25 panels

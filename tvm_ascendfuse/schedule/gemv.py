@@ -41,9 +41,9 @@ from .row_blocks import tiles_are_boxes
 # Rows of A a kernel may have (batch x sequence of the products' outputs): beyond a few rows the weight is
 # read by enough FMAs to be compute-bound, the matmul rule's register blocks.
 MAX_ROWS = GEMV_MAX_ROWS
-# Vectors of columns per panel at most: with one row, four independent accumulators hide the FMA latency
-# and a panel row is a few cache lines.
-MAX_PANEL_VECTORS = 4
+# Vectors of columns per panel at most: with one row, eight independent accumulators hide the FMA latency
+# and a panel row is eight cache lines per k (on AVX-512; measured 10-30% faster than four from DRAM).
+MAX_PANEL_VECTORS = 8
 # K loop unroll (independent loads in flight).
 K_UNROLL = 4
 
@@ -242,11 +242,16 @@ def _register_block(sch, info, hv: HostVector, dtype: str) -> None:
     ext_k = extent(sch, k)
     uk = K_UNROLL if ext_k is not None and ext_k % K_UNROLL == 0 else 1
     ko, ki = sch.split(k, [None, uk])
-    sch.reorder(ko, ki, *rows, n)
+    lanes = hv.lanes(dtype)
+    width = extent(sch, n) or lanes
+    vec = math.gcd(width, lanes)
+    nv, nl = sch.split(n, [None, vec])   # whole vector registers, unrolled (one wide vector is split by LLVM
+    sch.reorder(ko, ki, *rows, nv, nl)   # into the same registers, but counts as code size here)
     try_(sch.unroll, ki)
     for r in rows:
         try_(sch.unroll, r)
-    try_(sch.vectorize, n)           # before the reduction is decomposed (vectorize needs whole blocks)
+    try_(sch.unroll, nv)
+    try_(sch.vectorize, nl)          # before the reduction is decomposed (vectorize needs whole blocks)
     init = sch.decompose_reduction(info.block, ko)
     try_(sch.vectorize, sch.get_loops(init)[-1])
 
