@@ -1,7 +1,6 @@
 """The PyTorch frontend: from_torch and .pt2 files reach the same kernels as the ONNX export of the same
 block, and the compiled model matches eager PyTorch. Skipped without torch (an optional extra)."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -5,7 +5,6 @@ stand in for a rule whose tiles disagree with the grouping's capacity check."""
 
 import dataclasses
 
-import numpy as np
 import tvm_ffi
 from tvm import relax, s_tir
 

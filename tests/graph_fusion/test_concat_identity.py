@@ -1,6 +1,5 @@
 """ConcatIdentityFusionPass: a one-input concat is its input."""
 
-import numpy as np
 from onnx import helper
 from tvm import relax
 

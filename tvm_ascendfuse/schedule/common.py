@@ -246,6 +246,15 @@ def parallel_vector(sch: s_tir.Schedule, block, lanes: int) -> None:
     vectorize_inner(sch, block, lanes)
 
 
+def has_block(sch: s_tir.Schedule, name: str) -> bool:
+    """Whether a block of that name is (still) in the schedule's function."""
+    try:
+        sch.get_sblock(name)
+        return True
+    except (ValueError, RuntimeError):      # inlined away, or never there
+        return False
+
+
 def still_exists(sch: s_tir.Schedule, block) -> bool:
     """False once ``block`` was inlined away."""
     try:

@@ -28,7 +28,7 @@ from ..target import AscendTarget
 from ..tiling import GEMV_MAX_ROWS
 from .analysis import has_reduce
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, is_output_block, ok, root_blocks, try_, vectorize_inner
+from .common import has_block, is_output_block, ok, root_blocks, try_, vectorize_inner
 from .fast_math import use_fast_math
 from .hostvec import host_vector
 from .partial_sums import vector_partial_sums, vectorize_partial_sums
@@ -86,7 +86,7 @@ class DecodeAttentionRule(ScheduleRule):
 
         # vector partial sums for every row reduction (rfactor needs them at the root, before compute_at)
         rf = []
-        for nm in [qk] + [n for n in names[i1 + 1:i2] if _exists(sch, n)]:
+        for nm in [qk] + [n for n in names[i1 + 1:i2] if has_block(sch, n)]:
             blk = sch.get_sblock(nm)
             if has_reduce(sch, blk):
                 part = vector_partial_sums(sch, blk, lanes)
@@ -123,7 +123,7 @@ class DecodeAttentionRule(ScheduleRule):
         for nm in rf:
             vectorize_partial_sums(sch, sch.get_sblock(nm))
         for nm in names[i1 + 1:i2] + epilogue:
-            if _exists(sch, nm) and not has_reduce(sch, sch.get_sblock(nm)):
+            if has_block(sch, nm) and not has_reduce(sch, sch.get_sblock(nm)):
                 vectorize_inner(sch, sch.get_sblock(nm), lanes)
         try_(sch.decompose_reduction, out, key)
         sch.annotate(out, "ascendfuse.schedule", f"decode attention, {rows} query row(s) per task")
@@ -149,12 +149,3 @@ def _rows_and_heads(sch, pv) -> tuple[int, int] | None:
 
 def _feeds(sch, blk, name: str) -> bool:
     return any(sch.get(c).name_hint == name for c in sch.get_consumers(blk))
-
-
-def _exists(sch, name: str) -> bool:
-    try:
-        sch.get_sblock(name)
-        return True
-    except (ValueError, RuntimeError):
-        return False
-

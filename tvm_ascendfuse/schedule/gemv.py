@@ -32,7 +32,7 @@ from ..target import AscendTarget
 from ..tiling import GEMV_MAX_ROWS
 from .analysis import has_reduce, match_gemm
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, is_output_block, ok, root_blocks, transitive_producers, try_, vectorize_inner
+from .common import extent, has_block, is_output_block, ok, root_blocks, transitive_producers, try_, vectorize_inner
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param, panel_pack_map
@@ -137,7 +137,7 @@ class GemvRule(ScheduleRule):
         if not _tile_anchor_and_place(sch, anchor, infos, nt, hv, dtype):
             return None
         for nm in names:
-            if _exists(sch, nm) and nm not in gemm_names and not _under_parallel(sch, sch.get_sblock(nm)):
+            if has_block(sch, nm) and nm not in gemm_names and not _under_parallel(sch, sch.get_sblock(nm)):
                 _row_stage(sch, sch.get_sblock(nm), hv.lanes(dtype))
         sch.annotate(anchor, "ascendfuse.schedule", f"gemv panels of {nt} columns, {rows} row(s)")
         return sch
@@ -185,14 +185,6 @@ def _anchor_position(sch, post: list, products: list) -> int | None:
                 return None
             return at
     return None
-
-
-def _exists(sch, name: str) -> bool:
-    try:
-        sch.get_sblock(name)
-        return True
-    except (ValueError, RuntimeError):
-        return False
 
 
 def _reads(sch, block, buf) -> bool:
