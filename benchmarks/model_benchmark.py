@@ -384,6 +384,9 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--which", default="ours")
     ap.add_argument("--lib", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure the host's memory bandwidth (a copy) and note the rate each model reads its "
+                         "weights at, as a share of it")
     ap.add_argument("--int-high", type=int, default=None)
     ap.add_argument("--result", default=None)
     ap.add_argument("--captured", default=None)
@@ -707,6 +710,7 @@ def _benchmark(row: dict, path: Path, workdir: Path, opts) -> None:
             row["ours_over_ort"] = row["ours_ms"] / row["ort_ms"]
             row["timing"] = {"rounds": len(mins["ours"]), "calls_per_round": {k: v for k, v in calls.items()},
                              "round_mins_ms": mins, "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+            weight_stream_note(row, path, getattr(opts, "bandwidth_gbps", None))
 
         # 4. per-kernel profile and 5. capture for ORT on the same ops
         log(f"[{row['model']}] per-kernel profile ...")
@@ -798,6 +802,50 @@ def _fmt_s(v) -> str:
     if v is None:
         return "-"
     return v if isinstance(v, str) else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def host_bandwidth_gbps(mb: int = 256, rounds: int = 5) -> float:
+    """The host's memory bandwidth as a copy sees it: ``mb`` MB copied in one half per core at once, bytes
+    read + written per second (min time over ``rounds``). A roofline for kernels that stream their weights."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = np.ones(mb * (1 << 20) // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    parts = max(1, os.cpu_count() or 1)
+    cuts = np.linspace(0, src.size, parts + 1).astype(int)
+    best = float("inf")
+    with ThreadPoolExecutor(parts) as pool:
+        for _ in range(rounds):
+            t = time.perf_counter()
+            list(pool.map(lambda i: np.copyto(dst[cuts[i]:cuts[i + 1]], src[cuts[i]:cuts[i + 1]]), range(parts)))
+            best = min(best, time.perf_counter() - t)
+    return 2 * src.nbytes / best / 1e9
+
+
+def constant_bytes(path) -> int:
+    """Bytes of an ONNX model's initializers: what one call must read at least once (its weights)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    return sum(int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+               for t in model.graph.initializer)
+
+
+def weight_stream_note(row: dict, path, bandwidth_gbps: float | None) -> None:
+    """Add the rate at which a call of ours reads the model's weights, and its share of the host's bandwidth
+    (a decode step is bound by it: two FLOPs per weight element)."""
+    if bandwidth_gbps is None or not row.get("ours_ms"):
+        return
+    try:
+        weights = constant_bytes(path)
+    except Exception:  # noqa: BLE001 - a model the onnx package cannot read here: no note
+        return
+    rate = weights / (row["ours_ms"] * 1e-3) / 1e9
+    row["weights_mb"], row["weights_gbps"] = round(weights / 1e6, 1), round(rate, 1)
+    row["bandwidth_fraction"] = round(rate / bandwidth_gbps, 3)
+    row["notes"].append(f"weights {weights / 1e6:.1f} MB read per call at {rate:.1f} GB/s = "
+                        f"{rate / bandwidth_gbps:.0%} of the host's {bandwidth_gbps:.1f} GB/s (copy)")
 
 
 def table(rows: list[dict]) -> str:
@@ -966,6 +1014,9 @@ def main(argv=None) -> int:
         progress = tqdm(names, desc="models", unit="model", file=sys.stderr)
     except ImportError:
         progress = names
+    # measured once, before any model: the roofline of the weight-streaming note (decode steps)
+    opts.bandwidth_gbps = round(host_bandwidth_gbps(), 1) if opts.bandwidth else None
+    meta["host_bandwidth_gbps"] = opts.bandwidth_gbps
     rows = []
     for name in progress:
         if hasattr(progress, "set_postfix_str"):

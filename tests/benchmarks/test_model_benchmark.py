@@ -125,7 +125,7 @@ def test_whole_harness_on_a_tiny_onnx_file(tmp_path):
     its own process, as the benchmark runs them."""
     path = tmp_path / "tiny.onnx"
     onnx.save(tiny_model(), str(path))
-    row = mb.benchmark_model(str(path), _opts(), cache=tmp_path)
+    row = mb.benchmark_model(str(path), _opts(bandwidth_gbps=20.0), cache=tmp_path)
     assert row["built_default"] and row["built_ours"], row
     assert row["kernels_ours"] == 3 and row["kernels_default"] > 3
     assert row["launches_per_rule"] == {"conv2d": 1, "reduction": 1, "gemv": 1}
@@ -138,6 +138,16 @@ def test_whole_harness_on_a_tiny_onnx_file(tmp_path):
     assert g["rule"] == "reduction" and g["vs_ort"]["matched"] == 1 and g["vs_ort"]["ratio"] > 0
     text = mb.table([row]) + mb.generic_table([row])
     assert "ok/ok" in text and "reduction" in text
+    # the weights' read rate against the bandwidth given: bytes of the initializers / our time
+    weights = sum(numpy_helper.to_array(t).nbytes for t in tiny_model().graph.initializer)
+    assert row["weights_mb"] == round(weights / 1e6, 1)
+    assert row["weights_gbps"] == pytest.approx(weights / (row["ours_ms"] * 1e-3) / 1e9, rel=0.01, abs=0.1)
+    assert row["bandwidth_fraction"] == pytest.approx(row["weights_gbps"] / 20.0, abs=0.01)
+    assert "of the host's 20.0 GB/s" in text
+
+
+def test_host_bandwidth_is_a_rate():
+    assert 0.1 < mb.host_bandwidth_gbps(mb=16, rounds=2) < 10000
 
 
 def test_compile_timeout_is_reported_not_raised(tmp_path):
