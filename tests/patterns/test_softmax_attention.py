@@ -1,5 +1,6 @@
 """Scaled/masked softmax (TbeSoftmaxFusionPass) and attention (TbeAttentionFusionPass)."""
 
+import pytest
 import tvm
 from tvm import relax
 
@@ -176,3 +177,27 @@ def test_attention_takes_head_split_of_a_merged_projection():
     mod = build([("qkv", (1, seq, 3 * hid), "float32"), ("m", (1, 1, 1, seq), "float32")], body)
     result = assert_fused(mod, "ascendfuse.attention.scale_mask")
     assert result.report.kernels[0]["rule"] == "attention"
+
+
+@pytest.mark.parametrize("seq,past,rule", [(1, 31, "decode-attention"), (16, 0, "attention")])
+def test_attention_takes_the_repeat_of_grouped_kv_heads(seq, past, rule):
+    """GQA: K and V of 2 KV heads repeated to 4 query heads (expand_dims -> broadcast_to -> reshape, LLaMA's
+    repeat_kv) are read in place by the attention kernel; the repeat of V was a kernel of its own, writing two
+    copies of the cache for the attention to read."""
+    heads, kv, d = 4, 2, 16
+    keys = past + seq
+
+    def repeat(bb, x):
+        x = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(x, [2])), (1, kv, heads // kv, keys, d)))
+        return bb.emit(relax.op.reshape(x, (1, heads, keys, d)))
+
+    def body(bb, q, k, v):
+        kt = bb.emit(relax.op.permute_dims(repeat(bb, k), [0, 1, 3, 2]))
+        s = bb.emit(relax.op.multiply(bb.emit(relax.op.matmul(q, kt)), relax.const(d ** -0.5, "float32")))
+        return relax.op.matmul(bb.emit(relax.op.nn.softmax(s, axis=-1)), repeat(bb, v))
+
+    mod = build([("q", (1, heads, seq, d), "float32"), ("k", (1, kv, keys, d), "float32"),
+                 ("v", (1, kv, keys, d), "float32")], body)
+    result = assert_same_numbers(mod)
+    [kernel] = result.report.kernels
+    assert kernel["rule"] == rule and kernel["ops"].count("broadcast_to") == 2, kernel

@@ -4,7 +4,8 @@ Matches from the Q·Kᵀ matmul to the P·V matmul: ``matmul(softmax(matmul(Q, K
 the scale and the mask optional and Kᵀ either any tensor or a ``permute_dims`` taken into the group. When Q,
 K and V are parts of one merged projection (MatMulSiblingMergeFusionPass), the slice + reshape (+ permute)
 that cut each part into heads is taken into the group as an injective prologue: the DMA into L1 does it, and
-the kernel reads the merged projection once instead of three separate tensors written by a second pass.
+the kernel reads the merged projection once instead of three separate tensors written by a second pass. So is
+grouped-query attention's repeat of the KV heads (``repeat_kv``).
 Otherwise the reshapes/permutes that split heads (BERT, LLaMA exports) stay outside. Without online-softmax
 rescaling a tile needs cube_m complete score rows, so the key length must be static and small enough for UB.
 """
@@ -64,7 +65,8 @@ VARIANTS = (
 )
 
 
-_LAYOUT_OPS = ("relax.strided_slice", "relax.reshape", "relax.permute_dims", "relax.nn.pad")
+_LAYOUT_OPS = ("relax.strided_slice", "relax.reshape", "relax.permute_dims", "relax.nn.pad", "relax.expand_dims",
+               "relax.broadcast_to")
 
 
 def head_split(src):
@@ -75,6 +77,13 @@ def head_split(src):
     return is_op("relax.permute_dims")(heads) | heads | wildcard()
 
 
+def repeat_kv(x):
+    """Grouped-query attention's repeat of the KV heads (LLaMA's ``repeat_kv``): ``expand_dims`` ->
+    ``broadcast_to`` -> ``reshape`` of K or V. Taken into the group, each query head reads its KV head in
+    place; left outside, the repeat writes (heads / kv_heads) copies of the cache to GM for the kernel to read."""
+    return is_op("relax.reshape")(is_op("relax.broadcast_to")(is_op("relax.expand_dims")(x), wildcard()), wildcard())
+
+
 def key_padded(x):
     """``x`` padded along the keys (``AttentionKeyPadFusionPass``): the pad is part of the operand's copy into
     L1, as the head split is."""
@@ -83,7 +92,8 @@ def key_padded(x):
 
 def _declare_all() -> None:
     for variant, build, priority, description in VARIANTS:
-        q, k, v = (head_split(wildcard()) for _ in range(3))
+        q = head_split(wildcard())
+        k, v = (repeat_kv(wildcard()) | head_split(wildcard()) for _ in range(2))
         kt = is_op("relax.permute_dims")(k)
         qk = is_op("relax.matmul")(q, key_padded(kt) | kt | wildcard())
         sm = is_op("relax.nn.softmax")(build(qk))
