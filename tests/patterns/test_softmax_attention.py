@@ -179,25 +179,45 @@ def test_attention_takes_head_split_of_a_merged_projection():
     assert result.report.kernels[0]["rule"] == "attention"
 
 
-@pytest.mark.parametrize("seq,past,rule", [(1, 31, "decode-attention"), (16, 0, "attention")])
-def test_attention_takes_the_repeat_of_grouped_kv_heads(seq, past, rule):
-    """GQA: K and V of 2 KV heads repeated to 4 query heads (expand_dims -> broadcast_to -> reshape, LLaMA's
-    repeat_kv) are read in place by the attention kernel; the repeat of V was a kernel of its own, writing two
-    copies of the cache for the attention to read."""
-    heads, kv, d = 4, 2, 16
+def _gqa_attention(seq, past, scale=True, mask=False, heads=4, kv=2, d=16):
+    """K and V of ``kv`` KV heads repeated to ``heads`` query heads (expand_dims -> broadcast_to -> reshape,
+    LLaMA's repeat_kv), then attention with an optional scale and additive mask."""
     keys = past + seq
 
     def repeat(bb, x):
         x = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(x, [2])), (1, kv, heads // kv, keys, d)))
         return bb.emit(relax.op.reshape(x, (1, heads, keys, d)))
 
-    def body(bb, q, k, v):
+    def body(bb, q, k, v, *m):
         kt = bb.emit(relax.op.permute_dims(repeat(bb, k), [0, 1, 3, 2]))
-        s = bb.emit(relax.op.multiply(bb.emit(relax.op.matmul(q, kt)), relax.const(d ** -0.5, "float32")))
+        s = bb.emit(relax.op.matmul(q, kt))
+        if scale:
+            s = bb.emit(relax.op.multiply(s, relax.const(d ** -0.5, "float32")))
+        if mask:
+            s = bb.emit(relax.op.add(s, m[0]))
         return relax.op.matmul(bb.emit(relax.op.nn.softmax(s, axis=-1)), repeat(bb, v))
 
-    mod = build([("q", (1, heads, seq, d), "float32"), ("k", (1, kv, keys, d), "float32"),
-                 ("v", (1, kv, keys, d), "float32")], body)
-    result = assert_same_numbers(mod)
+    params = [("q", (1, heads, seq, d), "float32"), ("k", (1, kv, keys, d), "float32"),
+              ("v", (1, kv, keys, d), "float32")] + ([("m", (1, 1, seq, keys), "float32")] if mask else [])
+    return build(params, body)
+
+
+@pytest.mark.parametrize("pattern,scale,mask", [
+    ("ascendfuse.attention.scale_mask_gqa", True, True), ("ascendfuse.attention.scale_gqa", True, False),
+    ("ascendfuse.attention.mask_gqa", False, True), ("ascendfuse.attention.plain_gqa", False, False)])
+def test_decode_attention_takes_the_repeat_of_grouped_kv_heads(pattern, scale, mask):
+    """One query row (decode): both repeats are read in place by the attention kernel. The repeat of V was a
+    kernel of its own, writing heads / kv_heads copies of the cache for the attention to read."""
+    result = assert_same_numbers(_gqa_attention(1, 31, scale, mask))
     [kernel] = result.report.kernels
-    assert kernel["rule"] == rule and kernel["ops"].count("broadcast_to") == 2, kernel
+    assert kernel["pattern"] == pattern, kernel
+    assert kernel["rule"] == "decode-attention" and kernel["ops"].count("broadcast_to") == 2, kernel
+
+
+def test_prefill_leaves_the_repeat_of_v_apart():
+    """16 query rows: the GQA variants refuse (few_query_rows); V's repeat stays a kernel of its own, which
+    the attention rule stages per head (faster on a LLaMA-style prefill than reading through the repeat)."""
+    result = assert_same_numbers(_gqa_attention(16, 0))
+    [kernel] = [k for k in result.report.kernels if "softmax" in k["ops"]]
+    assert kernel["pattern"] == "ascendfuse.attention.scale" and kernel["rule"] == "attention", kernel
+    assert kernel["ops"].count("broadcast_to") == 1, result.report.kernels

@@ -5,7 +5,7 @@ the scale and the mask optional and Kᵀ either any tensor or a ``permute_dims``
 K and V are parts of one merged projection (MatMulSiblingMergeFusionPass), the slice + reshape (+ permute)
 that cut each part into heads is taken into the group as an injective prologue: the DMA into L1 does it, and
 the kernel reads the merged projection once instead of three separate tensors written by a second pass. So is
-grouped-query attention's repeat of the KV heads (``repeat_kv``).
+grouped-query attention's repeat of the KV heads (``repeat_kv``) when there are a few query rows (decode).
 Otherwise the reshapes/permutes that split heads (BERT, LLaMA exports) stay outside. Without online-softmax
 rescaling a tile needs cube_m complete score rows, so the key length must be static and small enough for UB.
 """
@@ -17,6 +17,7 @@ from tvm.relax.dpl import is_op, wildcard
 from ..switches import TBE_ATTENTION as SWITCH
 from .checks import (dims, float_dtypes, known_shapes, min_rank, op_name, private_intermediates, softmax_axes,
                      static_axes, tensor_type)
+from ..tiling import GEMV_MAX_ROWS
 from .registry import PatternSpec, declare
 from .softmax import masked, scaled
 from .working_set import Budget, add_cube_blocks, add_epilogue, clamp
@@ -80,7 +81,8 @@ def head_split(src):
 def repeat_kv(x):
     """Grouped-query attention's repeat of the KV heads (LLaMA's ``repeat_kv``): ``expand_dims`` ->
     ``broadcast_to`` -> ``reshape`` of K or V. Taken into the group, each query head reads its KV head in
-    place; left outside, the repeat writes (heads / kv_heads) copies of the cache to GM for the kernel to read."""
+    place; left outside, the repeat writes (heads / kv_heads) copies of the cache to GM for the kernel to read
+    (taken for a few query rows only: ``few_query_rows``)."""
     return is_op("relax.reshape")(is_op("relax.broadcast_to")(is_op("relax.expand_dims")(x), wildcard()), wildcard())
 
 
@@ -90,18 +92,34 @@ def key_padded(x):
     return is_op("relax.nn.pad")(x)
 
 
+def few_query_rows(ctx, target) -> "str | None":
+    """A decode step's attention: at most GEMV_MAX_ROWS query rows per head. Only there is GQA's repeat of K
+    and V worth taking in: with many query rows the repeat is written once and the attention rule stages each
+    head's K and V panel from it (measured faster on a LLaMA-style prefill of 256 tokens than reading the KV
+    heads through the repeat's indices)."""
+    rows = dims(ctx.annotated_expr["q"])[-2]
+    if not isinstance(rows, int) or rows > GEMV_MAX_ROWS:
+        return f"{rows} query rows: the repeat of the KV heads stays a kernel of its own"
+    return None
+
+
 def _declare_all() -> None:
     for variant, build, priority, description in VARIANTS:
-        q = head_split(wildcard())
-        k, v = (repeat_kv(wildcard()) | head_split(wildcard()) for _ in range(2))
-        kt = is_op("relax.permute_dims")(k)
-        qk = is_op("relax.matmul")(q, key_padded(kt) | kt | wildcard())
-        sm = is_op("relax.nn.softmax")(build(qk))
-        pv = is_op("relax.matmul")(sm, key_padded(v) | v)
-        declare(PatternSpec(name=f"ascendfuse.attention.{variant}", switch=SWITCH, pattern=pv,
-                            annotations={"q": q, "kt": kt, "v": v, "qk": qk, "softmax": sm, "pv": pv},
-                            checks=CHECKS, working_set=attention_working_set, priority=priority,
-                            description=description))
+        # with GQA's repeat of K and V (decode) first, then the plain operands
+        for gqa in (True, False):
+            q = head_split(wildcard())
+            k, v = ((repeat_kv(wildcard()) if gqa else head_split(wildcard())) for _ in range(2))
+            kt = is_op("relax.permute_dims")(k)
+            qk = is_op("relax.matmul")(q, key_padded(kt) | kt | wildcard())
+            sm = is_op("relax.nn.softmax")(build(qk))
+            pv = is_op("relax.matmul")(sm, key_padded(v) | v)
+            declare(PatternSpec(name=f"ascendfuse.attention.{variant}{'_gqa' if gqa else ''}", switch=SWITCH,
+                                pattern=pv,
+                                annotations={"q": q, "kt": kt, "v": v, "qk": qk, "softmax": sm, "pv": pv},
+                                checks=CHECKS + ((few_query_rows,) if gqa else ()),
+                                working_set=attention_working_set, priority=priority + (5 if gqa else 0),
+                                description=description + (" with GQA's repeat of K and V, a few query rows"
+                                                           if gqa else "")))
 
 
 _declare_all()
