@@ -190,14 +190,18 @@ def _tokens(seq: int, vocab: int):
     return torch.randint(0, vocab, (1, seq), generator=g, dtype=torch.int64)
 
 
+def _hf_model(model_cls: str, config_cls: str, config: dict):
+    """(config, model in eval mode) of a transformers class with seeded random weights, eager attention."""
+    tf = _transformers()
+    _torch().manual_seed(SEED)
+    cfg = getattr(tf, config_cls)(**config)
+    cfg._attn_implementation = "eager"
+    return cfg, getattr(tf, model_cls)(cfg).eval()
+
+
 def _hf(model_cls: str, config_cls: str, config: dict, seq: int):
     def build():
-        torch = _torch()
-        tf = _transformers()
-        torch.manual_seed(SEED)
-        cfg = getattr(tf, config_cls)(**config)
-        cfg._attn_implementation = "eager"
-        model = getattr(tf, model_cls)(cfg).eval()
+        cfg, model = _hf_model(model_cls, config_cls, config)
         return _LastHidden.wrap(model), (_tokens(seq, cfg.vocab_size),), ["input_ids"]
     return build
 
@@ -224,10 +228,7 @@ def _decode(model_cls: str, config_cls: str, config: dict, past: int, symbolic: 
     def build():
         torch = _torch()
         tf = _transformers()
-        torch.manual_seed(SEED)
-        cfg = getattr(tf, config_cls)(**config)
-        cfg._attn_implementation = "eager"
-        model = getattr(tf, model_cls)(cfg).eval()
+        cfg, model = _hf_model(model_cls, config_cls, config)
         layers, heads = cfg.num_hidden_layers, cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

@@ -73,12 +73,11 @@ class DecodeAttentionRule(ScheduleRule):
         for nm in names[:i1][::-1]:
             if not ok(sch.compute_inline, sch.get_sblock(nm)):
                 return None
+        # (the probabilities P·V reads stay a stage: inlined, their division would run per element of V)
         for nm in names[i1 + 1:i2]:
             blk = sch.get_sblock(nm)
-            if not has_reduce(sch, blk) and not nm.endswith("norm") and len(sch.get_consumers(blk)) >= 1 \
-                    and not is_output_block(sch, blk):
-                if not _feeds(sch, blk, pv):
-                    ok(sch.compute_inline, blk)
+            if not has_reduce(sch, blk) and not is_output_block(sch, blk) and not _feeds(sch, blk, pv):
+                ok(sch.compute_inline, blk)
         epilogue = names[i2 + 1:]
         for nm in epilogue[:-1]:
             if not ok(sch.compute_inline, sch.get_sblock(nm)):
