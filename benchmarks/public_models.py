@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 INT_HIGH_KEY = "ascendfuse.int_input_high"   # ONNX metadata: integer inputs are drawn from [0, value)
 FAMILY_KEY = "ascendfuse.family"
@@ -50,6 +50,7 @@ DISTILBERT = dict(seq=128)                     # distilbert-base sizes: DistilBe
 DECODE_PAST = 511                              # decode steps: the KV cache holds 511 tokens, the step adds
 #                                                the 512th (the symbolic variants take any length up to
 #                                                max_position_embeddings - 1; benchmarked at 511 too)
+GENERATE_PROMPT = 128                          # greedy generation: prompt length, then decode steps
 QWEN2 = dict(                                  # a Qwen2-style decoder, shrunk: 2 layers of Qwen2-0.5B's
     seq=128, hidden_size=896, num_hidden_layers=2,          # width (896, 14 query / 2 KV heads, head 64,
     num_attention_heads=14, num_key_value_heads=2,          # SwiGLU 4864, QKV biases); vocabulary cut to
@@ -81,45 +82,22 @@ def _torch():
 
 
 def import_torchvision():
-    """torchvision with CPU-only torch: registering its fake (meta) kernels for ops absent from this torch
-    build raises ``operator torchvision::nms does not exist``; those registrations only matter for
-    torch.compile, so a failing one is skipped."""
-    torch = _torch()
-    if "torchvision" in sys.modules:
-        return sys.modules["torchvision"]
-    original = torch.library.register_fake
+    """torchvision with CPU-only torch (``tvm_ascendfuse.torch_compat``: a failing fake-kernel registration
+    of the CUDA wheel's detection ops is skipped)."""
+    _torch()
+    from tvm_ascendfuse.torch_compat import import_torchvision as repaired
 
-    def tolerant(*args, **kwargs):
-        try:
-            decorator = original(*args, **kwargs)
-        except RuntimeError:
-            return lambda fn: fn
-
-        def apply(fn):
-            try:
-                return decorator(fn)
-            except RuntimeError:
-                return fn
-        return apply
-
-    torch.library.register_fake = tolerant
-    try:
-        import torchvision
-    finally:
-        torch.library.register_fake = original
-    return torchvision
+    return repaired()
 
 
 def _transformers():
+    _torch()
+    from tvm_ascendfuse.torch_compat import import_transformers
+
     try:
-        import_torchvision()         # transformers imports torchvision when it is installed: the same repair
-    except (ImportError, SystemExit):
-        pass                         # no torchvision: transformers does without it
-    try:
-        import transformers
+        return import_transformers()
     except ImportError as err:
         raise SystemExit(f"the Hugging Face models need transformers (pip install -e '.[models]'): {err}") from None
-    return transformers
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -218,46 +196,29 @@ def _whisper_encoder():
     return _LastHidden.wrap(encoder), (mel,), ["input_features"]
 
 
-def _decode(model_cls: str, config_cls: str, config: dict, past: int, symbolic: bool):
-    """One decode step with an explicit KV cache: inputs the new token's id (1, 1) and, per layer, the cache's
-    keys and values ``past_k{i}``/``past_v{i}`` (1, kv_heads, past, head_dim); the wrapper fills a transformers
-    ``DynamicCache`` with them and returns the last hidden state (1, 1, hidden) and the updated cache
-    ``present_k{i}``/``present_v{i}`` (1, kv_heads, past + 1, head_dim): the transformers model's own cache
-    handling (RoPE positions from the cache length, the causal mask over cache + new token, GQA repeat).
+def _kv_step(model_cls: str, config_cls: str, config: dict, tokens: int, past: int, symbolic: bool):
+    """A call of a decoder with an explicit KV cache (``workloads.torch_models.KVCacheStep``): inputs the
+    new tokens' ids (1, ``tokens``) and, per layer, the cache's keys and values ``past_k{i}``/``past_v{i}``
+    (1, kv_heads, past, head_dim), none when ``past`` is 0 (a prefill); outputs the last hidden state (a base
+    model) or the last position's logits (a model with a language-model head), then the updated cache
+    ``present_k{i}``/``present_v{i}`` (1, kv_heads, past + tokens, head_dim).
     ``symbolic``: the cache length is ``torch.export.Dim("past")`` in the export, a symbolic ONNX dim."""
     def build():
         torch = _torch()
-        tf = _transformers()
+        from tvm_ascendfuse.workloads.torch_models import KVCacheStep, kv_cache_layout, kv_cache_names
+
         cfg, model = _hf_model(model_cls, config_cls, config)
-        layers, heads = cfg.num_hidden_layers, cfg.num_attention_heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-
-        class DecodeStep(torch.nn.Module):
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, input_ids, *past):
-                cache = tf.DynamicCache()
-                for i in range(layers):
-                    cache.update(past[2 * i], past[2 * i + 1], i)
-                out = self.inner(input_ids=input_ids, past_key_values=cache, use_cache=True)
-                present = []
-                for layer in out.past_key_values.layers:
-                    present += [layer.keys, layer.values]
-                return (out.last_hidden_state, *present)
-
+        layers, kv_heads, head_dim = kv_cache_layout(cfg)
         g = torch.Generator().manual_seed(SEED)
-        cache = tuple(torch.randn(1, kv_heads, past, head_dim, generator=g) for _ in range(2 * layers))
-        kinds = [f"{k}{i}" for i in range(layers) for k in "kv"]
-        options = {"output_names": ["output"] + [f"present_{k}" for k in kinds]}
+        cache = tuple(torch.randn(1, kv_heads, past, head_dim, generator=g) for _ in range(2 * layers)) \
+            if past else ()
+        options = {"output_names": ["output"] + kv_cache_names(layers, "present")}
         if symbolic:
-            length = torch.export.Dim("past", min=1, max=int(cfg.max_position_embeddings) - 2)
+            length = torch.export.Dim("past", min=1, max=int(cfg.max_position_embeddings) - 1 - tokens)
             options["dynamic_shapes"] = ({}, tuple({2: length} for _ in cache))
             options["symbolic_dims"] = {"past": past}
-        return (DecodeStep(model).eval(), (_tokens(1, cfg.vocab_size), *cache),
-                ["input_ids"] + [f"past_{k}" for k in kinds], options)
+        return (KVCacheStep(model).eval(), (_tokens(tokens, cfg.vocab_size), *cache),
+                ["input_ids"] + (kv_cache_names(layers, "past") if past else []), options)
     return build
 
 
@@ -268,8 +229,25 @@ def _decode_models(name: str, what: str, model_cls: str, config_cls: str, sizes:
     return [PublicModel(f"{name}_decode{suffix}", "transformer",
                         f"{what}, one decode step, KV cache of {DECODE_PAST} tokens" + (" (symbolic length)"
                                                                                        if symbolic else ""),
-                        _decode(model_cls, config_cls, cfg, DECODE_PAST, symbolic), dynamo=True, int_high=vocab)
+                        _kv_step(model_cls, config_cls, cfg, 1, DECODE_PAST, symbolic), dynamo=True,
+                        int_high=vocab)
             for suffix, symbolic in (("", False), ("_sym", True))]
+
+
+def _lm_models(name: str, what: str, model_cls: str, config_cls: str, sizes: dict,
+               prompts=(GENERATE_PROMPT,)) -> list[PublicModel]:
+    """The two calls of greedy generation with a language-model head (``generate_benchmark.py``):
+    ``<name>_lm_prefill<P>`` (a prompt of P tokens, no cache) and ``<name>_lm_step`` (one token, the cache
+    length symbolic, benchmarked at ``DECODE_PAST``); both return the last position's logits and the cache."""
+    cfg = {k: v for k, v in sizes.items() if k != "seq"}
+    vocab = sizes.get("vocab_size")
+    models = [PublicModel(f"{name}_lm_prefill{p}", "transformer", f"{what} with its LM head, prefill of {p} tokens",
+                          _kv_step(model_cls, config_cls, cfg, p, 0, False), dynamo=True, int_high=vocab)
+              for p in prompts]
+    return models + [PublicModel(f"{name}_lm_step", "transformer",
+                                 f"{what} with its LM head, one decode step (symbolic cache length)",
+                                 _kv_step(model_cls, config_cls, cfg, 1, DECODE_PAST, True), dynamo=True,
+                                 int_high=vocab)]
 
 
 def _config_vocab(config_cls: str, config: dict) -> int:
@@ -308,6 +286,13 @@ MODELS: dict[str, PublicModel] = {m.name: m for m in [
                     f"{LLAMA['hidden_size']}, GQA {LLAMA['num_attention_heads']}/{LLAMA['num_key_value_heads']})",
                     "LlamaModel", "LlamaConfig", LLAMA),
     *_decode_models("gpt2", "transformers GPT-2 small (default config)", "GPT2Model", "GPT2Config", GPT2),
+    *_lm_models("llama", f"transformers LLaMA-style ({LLAMA['num_hidden_layers']} layers, hidden "
+                f"{LLAMA['hidden_size']}, GQA {LLAMA['num_attention_heads']}/{LLAMA['num_key_value_heads']})",
+                "LlamaForCausalLM", "LlamaConfig", LLAMA, prompts=(GENERATE_PROMPT, 1024)),
+    *_lm_models("qwen2", f"transformers Qwen2-style ({QWEN2['num_hidden_layers']} layers, hidden "
+                f"{QWEN2['hidden_size']}, GQA {QWEN2['num_attention_heads']}/{QWEN2['num_key_value_heads']})",
+                "Qwen2ForCausalLM", "Qwen2Config", QWEN2),
+    *_lm_models("gpt2", "transformers GPT-2 small (default config)", "GPT2LMHeadModel", "GPT2Config", GPT2),
     PublicModel("whisper_tiny_encoder", "transformer", "transformers Whisper tiny encoder, 80x3000 mel",
                 _whisper_encoder, dynamo=True),
     PublicModel("bert", "transformer", f"transformers BERT-base (default config), seq {BERT['seq']}",

@@ -13,6 +13,7 @@ from tvm import relax
 
 from tests.helpers import assert_close, compile_ours, run_vm
 from tests.shape_models import _c, decode_step, ort_run
+from tvm_ascendfuse.cli import summary_text
 from tvm_ascendfuse.errors import UnsupportedOpError
 from tvm_ascendfuse.frontend import import_onnx
 
@@ -86,13 +87,30 @@ def test_contradicting_cache_lengths_are_refused_naming_the_input(decode):
     assert "\n" not in text and "past_v" in text and "12" in text and "10" in text, text
 
 
+def test_report_names_the_symbolic_size_and_the_kernels_that_depend_on_it(decode):
+    _, _, result = decode
+    report = result.report.to_dict()
+    assert report["symbolic_sizes"] == ["past"]
+    rows = report["kernels"]
+    depending = [k for k in rows if k.get("symbolic") == ["past"]]
+    # the kernels reading the cache (the cache concat, the attention) depend on past; the projections do not
+    ops = lambda k: "+".join(k["ops"])      # noqa: E731 - op names carry numbers (matmul3)
+    assert any(ops(k).startswith("concat") for k in depending) and any("softmax" in ops(k) for k in depending)
+    # the output projection: a one-row GEMV over the hidden size, whatever the cache length
+    assert any(k["ops"] == [k["ops"][0]] and ops(k).startswith("matmul") and "symbolic" not in k for k in rows)
+    assert all(set(k.get("symbolic", ["past"])) == {"past"} for k in rows)
+    assert "symbolic size 'past': one build for every value" in summary_text(report)
+
+
 def test_static_cache_imports_the_same_and_matches():
     model = decode_step(hidden=HIDDEN, kv_heads=KV_HEADS, head_dim=HEAD_DIM, past=None)
     mod = import_onnx(model)
     assert _tir_var_names(mod["main"]) == set()
     feeds = _feeds(5)
-    assert_close(run_vm(compile_ours(mod).executable, list(feeds.values())), ort_run(model, feeds),
-                 rtol=0, atol=1e-3)
+    result = compile_ours(mod)
+    assert_close(run_vm(result.executable, list(feeds.values())), ort_run(model, feeds), rtol=0, atol=1e-3)
+    assert "symbolic_sizes" not in result.report.to_dict()
+    assert not any("symbolic" in k for k in result.report.kernels)
 
 
 def _expand_like(length="n"):

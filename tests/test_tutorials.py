@@ -18,7 +18,7 @@ def _run(script, *args, cwd):
 
 def test_all_tutorials_are_tested():
     tested = {"01_conv_bn_relu.py", "02_llama_block.py", "03_passes_and_pipeline.py", "04_custom_pattern.py",
-              "05_tuning.py", "06_from_pytorch.py", "07_html_report.py"}
+              "05_tuning.py", "06_from_pytorch.py", "07_html_report.py", "08_generate.py"}
     assert {p.name for p in (ROOT / "tutorials").glob("*.py")} == tested
 
 
@@ -66,3 +66,11 @@ def test_html_report_tutorial_small(tmp_path):
                "--out", str(tmp_path), cwd=tmp_path)
     assert "after it 3 kernel boxes" in out and "tutorial checks: OK" in out
     assert (tmp_path / "fusion_report.html").is_file()
+
+
+def test_generate_tutorial_small(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    out = _run("08_generate.py", "--hidden", "64", "--new", "10", "--out", str(tmp_path), cwd=tmp_path)
+    assert "symbolic sizes ['past']" in out and "tutorial checks: OK" in out

@@ -64,6 +64,9 @@ def summary_text(report: dict) -> str:
              k.get("rule", "")] for k in report.get("kernels", [])]
     if kern:
         out.append(_fmt_table(kern, ["kernel", "n", "source ops", "pattern", "schedule"]))
+    for name in report.get("symbolic_sizes") or ():
+        depending = [k["name"] for k in report.get("kernels", []) if name in k.get("symbolic", ())]
+        out.append(f"symbolic size '{name}': one build for every value; {len(depending)} kernel(s) depend on it")
     recovered = report.get("ub_overflow_recovered") or []
     if recovered:
         out.append("kernels whose schedule exceeded on-chip capacity (recovered):")

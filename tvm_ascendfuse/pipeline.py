@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 
-from .analysis import groups_before_fuse_tir, kernel_table
+from .analysis import groups_before_fuse_tir, kernel_table, symbolic_sizes
 from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
 from .analysis.verify_ub import VerifyUBCapacity
 from .graph_fusion import GRAPH_FUSION_PASSES, MatMulSiblingMergeFusionPass
@@ -130,6 +130,11 @@ class RecordKernels(PyPass):
         mod = relax.transform.FuseTIR()(mod)
         mod = relax.transform.DeadCodeElimination()(mod)
         self.report.set_kernels(kernel_table(mod, groups))
+        entry = [f for gv, f in mod.functions.items() if gv.name_hint == "main"]
+        sizes = symbolic_sizes(entry[0]) if entry else []
+        if sizes:
+            # one build serves every value of these; the kernels' rows say which depend on them
+            self.report.sections["symbolic_sizes"] = sizes
         return mod
 
 

@@ -19,6 +19,8 @@ def test_importing_the_set_needs_no_torch():
     assert {"resnet18", "convnext_tiny", "gpt2", "llama", "whisper_tiny_encoder", "qwen2"} <= set(pm.MODELS)
     assert {"llama_decode", "llama_decode_sym", "gpt2_decode", "gpt2_decode_sym"} <= set(pm.MODELS)
     assert all(pm.MODELS[n].dynamo for n in pm.MODELS if "_decode" in n)
+    # greedy generation's two calls per decoder (generate_benchmark.py)
+    assert {f"{n}_lm_{c}" for n in ("llama", "qwen2", "gpt2") for c in ("prefill128", "step")} <= set(pm.MODELS)
     assert pm.LLAMA["num_attention_heads"] % pm.LLAMA["num_key_value_heads"] == 0
     assert pm.KNOWN_TVM_FAILURES <= set(pm.MODELS)
 

@@ -120,9 +120,31 @@ def kernel_table(mod_after: tvm.IRModule, groups: dict[str, dict]) -> list[dict]
                "pattern": g["pattern"] if g else None, "fused": bool(g) and len(g["ops"]) > 1}
         shape = g.get("shape") if g else (group_shape(op_kind(funcs[name]), [set()], (), [product_rows(funcs[name])])
                                           if name in funcs else None)
+        sizes = symbolic_sizes(funcs[name]) if name in funcs else []
+        if sizes:
+            row["symbolic"] = sizes
         if shape is not None:
             # the rule table's view of the kernel: the rule the schedule phase is expected to pick
             row["kinds"] = shape.kinds
             row["predicted_rule"] = predict_rule(shape).name
         rows.append(row)
     return rows
+
+
+def symbolic_sizes(func) -> list[str]:
+    """Names of the symbolic sizes a function's tensors depend on (a decode step's cache length): the
+    variables in its parameters' shapes (a PrimFunc's buffers and size arguments, a Relax function's
+    tensors)."""
+    if isinstance(func, tvm.tirx.PrimFunc):
+        buffers = [p for p in func.params if isinstance(p.ty, tvm.tirx.BufferType)]
+        shapes = [p.ty.shape for p in buffers]
+        names = {p.name for p in func.params if not isinstance(p.ty, tvm.tirx.BufferType)}
+    else:
+        shapes = [p.ty.shape.values for p in func.params
+                  if isinstance(p.ty, relax.TensorType) and isinstance(p.ty.shape, relax.ShapeExpr)]
+        names = set()
+    for shape in shapes:
+        for dim in shape:
+            if not isinstance(dim, tvm.tirx.IntImm):
+                names.update(v.name for v in tvm.tirx.analysis.undefined_vars(dim))
+    return sorted(names)

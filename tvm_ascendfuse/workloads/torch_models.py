@@ -118,3 +118,50 @@ def llama_block(seq: int = 256, hidden: int = 1024, heads: int = 16, ffn: int = 
 
 
 TORCH_MODELS = {"conv_block": conv_block, "bert_layer": bert_layer, "llama_block": llama_block}
+
+
+class KVCacheStep(nn.Module):
+    """A Hugging Face decoder with its KV cache as explicit tensors, the form a serving loop exports.
+
+    ``forward(input_ids, *past)``: ``past`` holds each layer's keys and values (batch, kv_heads, length,
+    head_dim), in layer order, K before V; none at all is a prefill. The wrapper fills a transformers
+    ``DynamicCache`` with them, so the model's own cache handling runs (RoPE positions from the cache length,
+    the causal mask over cache + new tokens, GQA repeat), and returns the last position's logits (batch,
+    vocab) for a model with a language-model head, else the last hidden state, then the cache after the
+    call, K/V per layer. The logits of the last position only: a generation loop reads nothing else, and
+    the full (tokens x vocab) product of a prefill would be most of its time."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, input_ids, *past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for i in range(len(past) // 2):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        if hasattr(self.inner, "lm_head"):
+            base = getattr(self.inner, self.inner.base_model_prefix)
+            out = base(input_ids=input_ids, past_key_values=cache, use_cache=True)
+            first, layers = self.inner.lm_head(out.last_hidden_state[:, -1, :]), out.past_key_values.layers
+        else:
+            out = self.inner(input_ids=input_ids, past_key_values=cache, use_cache=True)
+            first, layers = out.last_hidden_state, out.past_key_values.layers
+        present = []
+        for layer in layers:
+            present += [layer.keys, layer.values]
+        return (first, *present)
+
+
+def kv_cache_layout(config) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of a transformers decoder config."""
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return layers, kv_heads, head_dim
+
+
+def kv_cache_names(layers: int, prefix: str) -> list[str]:
+    """``<prefix>_k0, <prefix>_v0, <prefix>_k1, ...``: the cache tensors' names, in ``KVCacheStep``'s order."""
+    return [f"{prefix}_{k}{i}" for i in range(layers) for k in "kv"]
