@@ -57,6 +57,7 @@ LAYOUT_CHAIN = "LayoutChainFusionPass"
 ATTENTION_SCALE = "AttentionScaleFusionPass"
 ATTENTION_MASK = "AttentionMaskFusionPass"
 ATTENTION_KEY_PAD = "AttentionKeyPadFusionPass"
+GROUPED_QUERY_MATMUL = "GroupedQueryMatmulFusionPass"
 PACKED_QKV = "PackedQkvFusionPass"
 CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
@@ -127,6 +128,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(ATTENTION_KEY_PAD, GRAPH_FUSION,
                "an attention over a key count no 4-lane vector divides (ViT's 197) gets K, V and the score rows "
                "padded to whole 16-lane vectors, the padded keys masked out (exact)"),
+    SwitchInfo(GROUPED_QUERY_MATMUL, GRAPH_FUSION,
+               "grouped-query attention over a symbolic key count: the query heads sharing a KV head become "
+               "rows of one product with it, so the repeated K and V are never written (exact)"),
     SwitchInfo(PACKED_QKV, GRAPH_FUSION,
                "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
                "sibling merge then merges as it does separate projections"),

@@ -40,6 +40,8 @@
    (after the bias merge and any BN fold) and merges them into one matmul plus slices (Q/K/V).
 11. ``AttentionKeyPadFusionPass`` after it: it pads K and V of an attention over an odd key count (the
    merge still sees the projections themselves).
+12. ``GroupedQueryMatmulFusionPass`` last: grouped-query products over a symbolic key count (no attention
+   pattern takes them) read each KV head once; it needs the scales already on the score (step 9).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
@@ -58,6 +60,7 @@ from .conv_sibling_merge import ConvSiblingMergeFusionPass
 from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
 from .gemm_row_layout import GemmRowLayoutFusionPass
+from .grouped_query_matmul import GroupedQueryMatmulFusionPass
 from .identity_copy import IdentityCopyFusionPass
 from .layer_norm import LayerNormFusionPass
 from .layout_chain import LayoutChainFusionPass
@@ -96,6 +99,7 @@ GRAPH_FUSION_PASSES: list = [
     PackedQkvFusionPass,
     MatMulSiblingMergeFusionPass,
     AttentionKeyPadFusionPass,
+    GroupedQueryMatmulFusionPass,
 ]
 
 __all__ = ["GRAPH_FUSION_PASSES"] + [cls.__name__ for cls in GRAPH_FUSION_PASSES]
