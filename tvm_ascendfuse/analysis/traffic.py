@@ -419,8 +419,30 @@ def traffic_summary(mod: tvm.IRModule, target) -> dict:
             "kernels": per_kernel, "assumptions": sorted(assumptions)}
 
 
+def _constant_bytes(func: relax.Function, bounds) -> int:
+    """Bytes of the constants a call must read: whole, except a table only gathered from (a token
+    embedding), of which only the gathered rows are read (a decode step reads one row of 50257).
+    Constants are keyed by object (FFI handles hash by the node; Python ids of wrappers do not)."""
+    consts, gathered, other = set(), {}, set()
+
+    def visit(e):
+        if isinstance(e, tvm.ir.GenericConst):
+            consts.add(e)
+        elif isinstance(e, relax.Call) and not (isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.shape_of"):
+            for i, arg in enumerate(e.args):      # (shape_of reads no data)
+                if not isinstance(arg, tvm.ir.GenericConst):
+                    continue
+                if i == 0 and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.take":
+                    gathered[arg] = gathered.get(arg, 0) + _tensor_bytes(e.ty, bounds)
+                else:
+                    other.add(arg)
+    relax.analysis.post_order_visit(func.body, visit)
+    return sum(gathered[c] if c in gathered and c not in other else _tensor_bytes(c.ty, bounds) for c in consts)
+
+
 def lower_bound(mod: tvm.IRModule, target) -> dict:
-    """Compulsory traffic: model inputs, weights (constants) and outputs moved once; no launch limit.
+    """Compulsory traffic: model inputs, weights (constants) and outputs moved once (of a table only
+    gathered from, the rows gathered); no launch limit.
 
     Launches = 1 (everything in one kernel) and the time is the roofline of those bytes and the FLOPs of
     the unfused model, so it bounds any grouping from below (modeled)."""
@@ -437,9 +459,6 @@ def lower_bound(mod: tvm.IRModule, target) -> dict:
         bounds = symbolic_bounds(func)
         total += sum(_tensor_bytes(p.ty, bounds) for p in func.params)
         total += _tensor_bytes(func.body.body.ty if hasattr(func.body, "body") else func.ret_ty, bounds)
-        consts = {}
-        relax.analysis.post_order_visit(
-            func.body, lambda e: consts.setdefault(id(e), e) if isinstance(e, tvm.ir.GenericConst) else None)
-        total += sum(_tensor_bytes(c.ty, bounds) for c in consts.values())
+        total += _constant_bytes(func, bounds)
     return {"launches": 1, "gm_bytes": int(total),
             "modeled_time_us": round(modeled_time_us(total, 0.0, 0.0, target), 3)}
