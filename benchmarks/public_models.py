@@ -40,7 +40,8 @@ GPT2 = dict(seq=128)                           # GPT-2 small (124M): transformer
 LLAMA = dict(                                  # a LLaMA-style decoder, shrunk: 4 layers of a ~1B-class
     seq=256, hidden_size=1024,                 # model, GQA 16 query / 4 KV heads (head 64), SwiGLU 2816,
     num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,   # RMSNorm, RoPE; vocabulary cut to
-    intermediate_size=2816, vocab_size=4096, max_position_embeddings=1024)  # 4096 (ids only index it)
+    intermediate_size=2816, vocab_size=4096,   # 4096 (ids only index it); positions to 4096, so a decode
+    max_position_embeddings=4096)              # step's cache can be checked past 2047
 WHISPER_TINY = dict(                           # Whisper tiny's encoder (openai/whisper-tiny sizes): 4
     d_model=384, encoder_layers=4, encoder_attention_heads=6,     # layers, 6 heads, FFN 1536, over an
     encoder_ffn_dim=1536, num_mel_bins=80, max_source_positions=1500,   # 80 x 3000 log-mel input (30 s)

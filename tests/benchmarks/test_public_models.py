@@ -116,7 +116,7 @@ def test_llama_decode_step_with_symbolic_cache_imports_compiles_and_matches(tmp_
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    for length in (1, 64, 511):
+    for length in (1, 64, 511, 2047):
         rng = np.random.default_rng(length)
         feeds = {i.name: (rng.integers(0, pm.LLAMA["vocab_size"], (1, 1)) if i.name == "input_ids" else
                           rng.standard_normal([1, pm.LLAMA["num_key_value_heads"], length, 64]).astype("float32"))
