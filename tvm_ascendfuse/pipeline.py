@@ -15,6 +15,7 @@ from .analysis import groups_before_fuse_tir, kernel_table, symbolic_sizes
 from .analysis.traffic_pass import TrafficAccounting, TrafficBaseline
 from .analysis.verify_ub import VerifyUBCapacity
 from .graph_fusion import GRAPH_FUSION_PASSES, MatMulSiblingMergeFusionPass
+from .gather_bounds import GatherBoundsCheck
 from .graph_fusion.safe_fold import SafeFoldConstant
 from .errors import AscendFuseError
 from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
@@ -44,6 +45,13 @@ def graph_fusion_phase(target, switches, report):
     passes += [cls(target, report, enabled=switches.is_on(cls.switch_name), **options.get(cls, {}))
                for cls in GRAPH_FUSION_PASSES]
     return passes + [SafeFoldConstant(), relax.transform.DeadCodeElimination()]
+
+
+def input_checks_phase():
+    """Phase 1a: run-time checks of what the kernels would otherwise trust: a gather's indices stay inside
+    its table, and an index outside it stops the call naming its source (``gather_bounds.py``). First, so
+    that no constant folding ever builds the unchecked gather (TOPI warns of a segfault each time)."""
+    return [GatherBoundsCheck()]
 
 
 def _query_apart(switches) -> bool:
@@ -174,6 +182,7 @@ class AscendFusePipeline(PyPass):
         baseline = [("traffic_baseline", traffic_baseline_phase(target, r, tvm_target))] \
             if self.traffic_baseline else []
         return baseline + [
+            ("input_checks", input_checks_phase()),
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
             ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target, forbidden)),
             ("schedule", schedule_phase(target, r, tvm_target, self.rules)),
