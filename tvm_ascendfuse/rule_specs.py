@@ -95,6 +95,10 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
                   "norm before or after them computed once"),
     RuleSpec("decode-attention", r"[EL]*G[EL]*R[ELR]*G[EL]*", SPECIALISED, chained=True, max_rows=GEMV_MAX_ROWS,
              note="attention of a few query rows per head over the keys (a decode step), one task per head"),
+    RuleSpec("row-dot", r"[EL]*L[EL]*G[EL]*", SPECIALISED, chained=False, max_rows=GEMV_MAX_ROWS, batched=True,
+             note="a few rows dotted with every row of a run-time matrix, per head (decode attention scores over "
+                  "a cache whose length is known at run time: Kᵀ is the layout prologue), the key rows read in "
+                  "place, chunks of them per task"),
     RuleSpec("attention-projection", r"[ELR]*(G[EL]*)?(T|G[EL]*R[ELR]*G)[EL]*G[ELR]*", SPECIALISED, chained=True,
              note="attention with its output projection (and query projection, norms) per block of query rows"),
     RuleSpec("attention", r"[EL]*(T|G[EL]*R[ELR]*G)[EL]*", SPECIALISED, chained=True,

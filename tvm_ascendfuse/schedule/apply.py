@@ -44,6 +44,7 @@ from .fallback import FallbackRule
 from .fast_math import use_fast_math
 from .grouped_conv import GroupedConv2dRule
 from .gemv import GemvRule
+from .row_dot import RowDotRule
 from .indices import simplify_indices
 from .matmul import MatmulRule
 from .multi_gemm import MultiGemmRule
@@ -57,7 +58,7 @@ from .tuned import tuned_rules
 # products; then products of a few rows and attention of a few query rows (a decode step: memory-bound,
 # whatever else the kernel holds). Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (SqueezeExciteRule, GemvRule, DecodeAttentionRule, AttentionProjectionRule, AttentionRule,
+DEFAULT_RULES = (SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule, AttentionProjectionRule, AttentionRule,
                  ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
