@@ -14,6 +14,7 @@ from tests.helpers import assert_same_numbers, compile_ours
 from tests.schedule.test_attention_projection import _decoder_attention
 from tests.schedule.test_decode_attention import decode_step
 from tests.graph_fusion.test_grouped_query_matmul import gqa_attention
+from tests.shape_models import decode_step as cache_length_symbolic_step
 from tvm_ascendfuse.frontend import import_onnx
 from tvm_ascendfuse.kinds import op_kind
 from tvm_ascendfuse.rule_specs import FALLBACK, RULE_SPECS, GroupShape, group_shape, predict_rule
@@ -146,6 +147,10 @@ CASES = {
     "decode": (decode_step, None, {"gemv", "decode-attention"}),
     # grouped-query attention over a symbolic key count (no attention kernel takes it): the scores are row dots
     "symbolic_keys": (lambda: gqa_attention(heads=8, kv=2, rows=1, d=16), None, {"row-dot"}),
+    # a whole decode step over a symbolic cache: the QKV projection whose slices go three ways (query, key and
+    # value with their rotary embeddings, two of them outputs) is a GEMV with its epilogue after the panels
+    "symbolic_decode": (lambda: import_onnx(cache_length_symbolic_step(hidden=32, kv_heads=2, head_dim=8)), None,
+                        {"gemv", "row-dot"}),
 }
 
 

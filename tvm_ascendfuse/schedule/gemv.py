@@ -110,11 +110,15 @@ class GemvRule(ScheduleRule):
         # the epilogue: the first block after the products that every later block reads the products through
         # follows each panel (what comes before it is inlined into it); the rest runs after the panel loop
         at = _anchor_position(sch, post, [sch.get(info.block).writes[0].source for info in infos])
+        if at is not None and not all(ok(sch.compute_inline, sch.get_sblock(nm)) for nm in post[:at]):
+            at = None                        # (what was inlined stays so: the same computation)
         if at is None:
-            return None
-        for nm in post[:at]:
-            if not ok(sch.compute_inline, sch.get_sblock(nm)):
+            # no one block carries every use of the product (a projection whose slices go three ways: the
+            # query, the key and the value, each with its own rotary embedding, two of them outputs): the
+            # product row is written per panel and the epilogue runs after the panel loop, on a few rows
+            if len(infos) != 1 or is_output_block(sch, infos[0].block):
                 return None
+            post, at = [], 0
         for nm in post[at + 1:]:
             if not has_reduce(sch, sch.get_sblock(nm)):
                 ok(sch.compute_inline, sch.get_sblock(nm))
