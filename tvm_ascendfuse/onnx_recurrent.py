@@ -215,7 +215,11 @@ class _Recurrent(OnnxOpConverter):
             h, c = state(init_h, d), state(init_c, d) if cls.has_cell else None
             out = [None] * seq
             for t in (range(seq) if name == "forward" else range(seq - 1, -1, -1)):
-                xp = bb.emit(_op.squeeze(_op.strided_slice(proj, [0], [t], [t + 1]), [0]))
+                # the step's rows picked by an index tensor, not by slice bounds: a slice's bounds are
+                # compiled into whatever kernel takes it, so every step would be a function of its own
+                # (128 kernels to compile for two layers of 64 steps); with the index as an argument the
+                # steps share one function
+                xp = bb.emit(_op.take(proj, relax.const(t, "int64"), axis=0))
                 h_new, c_new = cls._step(ctx, weights, acts[d], xp, h, c)
                 if masks is None:
                     h, c = h_new, c_new
