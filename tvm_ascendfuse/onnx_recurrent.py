@@ -327,9 +327,14 @@ class GRU(_Recurrent):
             rb_zr = bb.emit(_op.concat([_op.strided_slice(rb, [0], [0], [2 * hidden]),
                                         relax.const(np.zeros(hidden, ctx["dtype"]), ctx["dtype"])], 0))
             out["bias"] = _interleave(bb, bb.emit(_op.add(wb, rb if not lbr else rb_zr)), 3, hidden)
-            if lbr:
-                out["Rbh"] = bb.emit(_op.strided_slice(rb, [0], [2 * hidden], [3 * hidden]))
         if lbr:
+            # Rb of h (zeros without B) added to the whole product right after it: the product's first
+            # consumer then covers its columns one to one, the GEMV rule's per-panel epilogue (a reshape
+            # first would hand it (hidden, 3) tiles that are not the panels)
+            zeros = relax.const(np.zeros(2 * hidden, ctx["dtype"]), ctx["dtype"])
+            rbh = (bb.emit(_op.strided_slice(rb, [0], [2 * hidden], [3 * hidden])) if rb is not None
+                   else relax.const(np.zeros(hidden, ctx["dtype"]), ctx["dtype"]))
+            out["Rb3"] = _interleave(bb, bb.emit(_op.concat([zeros, rbh], 0)), 3, hidden)
             # one product h @ [Rz; Rr; Rh]^T per step; the reset gate multiplies its h part afterwards
             out["RT"] = bb.emit(_op.permute_dims(_interleave(bb, rd, 3, hidden), [1, 0]))
         else:
@@ -348,12 +353,11 @@ class GRU(_Recurrent):
         def part(t3, i):
             return bb.emit(_op.squeeze(_op.strided_slice(t3, [2], [i], [i + 1]), [2]))
         if "RT" in weights:      # linear_before_reset
-            hr = bb.emit(_op.reshape(_op.matmul(h, weights["RT"]), (batch, hidden, 3)))
+            hr = bb.emit(_op.add(_op.matmul(h, weights["RT"]), weights["Rb3"]))
+            hr = bb.emit(_op.reshape(hr, (batch, hidden, 3)))
             z = cls._act(ctx, f_act, bb.emit(_op.add(part(xp3, 0), part(hr, 0))))
             r = cls._act(ctx, f_act, bb.emit(_op.add(part(xp3, 1), part(hr, 1))))
             rh = part(hr, 2)
-            if "Rbh" in weights:
-                rh = bb.emit(_op.add(rh, weights["Rbh"]))
             cand = cls._act(ctx, g_act, bb.emit(_op.add(part(xp3, 2), _op.multiply(r, rh))))
         else:
             hzr = bb.emit(_op.reshape(_op.matmul(h, weights["RT_zr"]), (batch, hidden, 2)))
