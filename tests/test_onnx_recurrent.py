@@ -187,6 +187,23 @@ def test_input_projection_is_one_gemm_before_the_loop():
     assert sorted(rows) == [2] * 5 + [10], rows
 
 
+@pytest.mark.parametrize("op,kw", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("RNN", {})],
+                         ids=["LSTM", "GRU-lbr1", "RNN"])
+def test_every_step_is_one_gemv_kernel(op, kw):
+    """Each step's recurrent product, gates and state update are one kernel on the GEMV rule, and the steps
+    share that kernel's function (their projection rows come by index, not compiled-in slice bounds)."""
+    seq = 6
+    result = af.compile_model(import_onnx(recurrent_model(op, seq=seq, batch=1, inp=8, hidden=16, **kw)),
+                              portable=True)
+    # a kernel with a product and an activation is a step (the projection has no activation; step 0
+    # starts from the zero state, so it has no product)
+    steps = [k for k in result.report.kernels
+             if "G" in k["kinds"] and any(str(o).startswith(("tir_sigmoid", "tir_tanh")) for o in k["ops"])]
+    assert steps and all(k.get("rule") == "gemv" for k in steps), [(k.get("rule"), k["ops"]) for k in steps]
+    assert sum(k["launches"] for k in steps) == seq - 1, [(k["launches"], k["ops"]) for k in steps]
+    assert len(steps) <= 2, [k["ops"] for k in steps]       # the last step also writes Y
+
+
 # -- refusals --------------------------------------------------------------------------------------------
 def test_symbolic_sequence_length_is_named():
     model = recurrent_model("GRU")
