@@ -324,9 +324,11 @@ class GRU(_Recurrent):
         out = {"W": _interleave(bb, wd, 3, hidden), "bias": None}
         if wb is not None:
             # Rb of z and r adds to the projection; Rb of h only when the reset gate does not multiply it
-            rb_zr = bb.emit(_op.concat([_op.strided_slice(rb, [0], [0], [2 * hidden]),
-                                        relax.const(np.zeros(hidden, ctx["dtype"]), ctx["dtype"])], 0))
-            out["bias"] = _interleave(bb, bb.emit(_op.add(wb, rb if not lbr else rb_zr)), 3, hidden)
+            rb_in = rb
+            if lbr:
+                rb_in = bb.emit(_op.concat([_op.strided_slice(rb, [0], [0], [2 * hidden]),
+                                            relax.const(np.zeros(hidden, ctx["dtype"]), ctx["dtype"])], 0))
+            out["bias"] = _interleave(bb, bb.emit(_op.add(wb, rb_in)), 3, hidden)
         if lbr:
             # Rb of h (zeros without B) added to the whole product right after it: the product's first
             # consumer then covers its columns one to one, the GEMV rule's per-panel epilogue (a reshape
