@@ -26,7 +26,8 @@ arithmetic: every ONNX value computed from a symbolic size is kept as an array (
   expression (``past + 1``), not a new variable.
 
 Nothing of TVM's is changed: the importer is a subclass used only by ``import_onnx``, and every node the
-symbolic evaluation does not take is converted by TVM's own converter.
+symbolic evaluation does not take is converted by TVM's own converter, except the ops TVM's convert map
+lacks, which this importer adds: ``LSTM``, ``GRU`` and ``RNN`` (``onnx_recurrent``).
 """
 
 from __future__ import annotations
