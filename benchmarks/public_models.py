@@ -56,12 +56,14 @@ QWEN2 = dict(                                  # a Qwen2-style decoder, shrunk: 
     seq=128, hidden_size=896, num_hidden_layers=2,          # width (896, 14 query / 2 KV heads, head 64,
     num_attention_heads=14, num_key_value_heads=2,          # SwiGLU 4864, QKV biases); vocabulary cut to
     intermediate_size=4864, vocab_size=8192, max_position_embeddings=1024)   # 8192
+LSTM2 = dict(input_size=256, hidden_size=512, num_layers=2, steps=64, classes=10)   # issue 25's stacked LSTM
+BIGRU = dict(input_size=256, hidden_size=256, num_layers=1, steps=64, classes=10)   # its bidirectional GRU
 
 
 @dataclass
 class PublicModel:
     name: str
-    family: str                      # "cnn" or "transformer"
+    family: str                      # "cnn", "transformer" or "rnn"
     description: str
     # -> (torch module in eval mode, example inputs, input names[, export options]); the options (dynamo
     # export only) may give output_names, dynamic_shapes and symbolic_dims (the sizes to benchmark at)
@@ -197,6 +199,30 @@ def _whisper_encoder():
     return _LastHidden.wrap(encoder), (mel,), ["input_features"]
 
 
+def _recurrent(kind: str, sizes: dict, bidirectional: bool = False):
+    """``torch.nn.LSTM`` / ``GRU`` (batch-first, batch 1) over ``steps`` steps and a linear head on every
+    step's output; the TorchScript exporter writes the recurrence as ONNX LSTM / GRU nodes."""
+    def build():
+        torch = _torch()
+        torch.manual_seed(SEED)
+        cell = getattr(torch.nn, kind)
+        dirs = 2 if bidirectional else 1
+
+        class Recurrent(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = cell(sizes["input_size"], sizes["hidden_size"], num_layers=sizes["num_layers"],
+                                batch_first=True, bidirectional=bidirectional)
+                self.head = torch.nn.Linear(dirs * sizes["hidden_size"], sizes["classes"])
+
+            def forward(self, x):
+                return self.head(self.rnn(x)[0])
+
+        x = torch.randn(1, sizes["steps"], sizes["input_size"])
+        return Recurrent().eval(), (x,), ["input"]
+    return build
+
+
 def _kv_step(model_cls: str, config_cls: str, config: dict, tokens: int, past: int, symbolic: bool):
     """A call of a decoder with an explicit KV cache (``workloads.torch_models.KVCacheStep``): inputs the
     new tokens' ids (1, ``tokens``) and, per layer, the cache's keys and values ``past_k{i}``/``past_v{i}``
@@ -305,6 +331,10 @@ MODELS: dict[str, PublicModel] = {m.name: m for m in [
                 f"transformers Qwen2-style, {QWEN2['num_hidden_layers']} layers, hidden {QWEN2['hidden_size']}, "
                 f"GQA {QWEN2['num_attention_heads']}/{QWEN2['num_key_value_heads']}, seq {QWEN2['seq']}",
                 _llm("Qwen2Model", "Qwen2Config", QWEN2), dynamo=True, int_high=QWEN2["vocab_size"]),
+    PublicModel("lstm2", "rnn", f"torch.nn.LSTM, {LSTM2['num_layers']} layers {LSTM2['input_size']} -> "
+                f"{LSTM2['hidden_size']}, {LSTM2['steps']} steps, batch-first, linear head", _recurrent("LSTM", LSTM2)),
+    PublicModel("bigru", "rnn", f"torch.nn.GRU, bidirectional {BIGRU['input_size']} -> {BIGRU['hidden_size']}, "
+                f"{BIGRU['steps']} steps, batch-first, linear head", _recurrent("GRU", BIGRU, bidirectional=True)),
 ]}
 
 # Known failures of TVM 0.27 itself (its default pipeline), recorded by the benchmark next to the result.

@@ -26,7 +26,8 @@ arithmetic: every ONNX value computed from a symbolic size is kept as an array (
   expression (``past + 1``), not a new variable.
 
 Nothing of TVM's is changed: the importer is a subclass used only by ``import_onnx``, and every node the
-symbolic evaluation does not take is converted by TVM's own converter.
+symbolic evaluation does not take is converted by TVM's own converter, except the ops TVM's convert map
+lacks, which this importer adds: ``LSTM``, ``GRU`` and ``RNN`` (``onnx_recurrent``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import tvm
 from tvm import relax, sym, tirx
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
+from .onnx_recurrent import CONVERTERS as _RECURRENT
 from .onnx_shapes import MAX_ELEMENTS, _attr, _evaluate
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -65,10 +67,17 @@ def _is_expr(v) -> bool:
 
 
 class _OneNode:
-    """A graph of one node, for ``ONNXGraphImporter._construct_nodes`` (it reads ``graph.node`` only)."""
+    """A graph of one node (or of ``of(nodes)``), for ``ONNXGraphImporter._construct_nodes`` and
+    ``_check_for_unsupported_ops`` (they read ``graph.node`` only)."""
 
     def __init__(self, node):
         self.node = [node]
+
+    @classmethod
+    def of(cls, nodes):
+        graph = cls(None)
+        graph.node = list(nodes)
+        return graph
 
 
 class SymbolicShapeImporter(ONNXGraphImporter):
@@ -81,6 +90,17 @@ class SymbolicShapeImporter(ONNXGraphImporter):
         self._tensor_of: dict[str, relax.Expr] = {}             # name -> the value built as a tensor
         self._analyzer = sym.Analyzer()
         self._bounded: set = set()
+
+    # -- converters TVM's map lacks (LSTM, GRU, RNN: onnx_recurrent) --------------------------------------
+    def _check_for_unsupported_ops(self, graph):
+        known = [n for n in graph.node if n.op_type not in _RECURRENT or n.domain not in _DEFAULT_DOMAINS]
+        super()._check_for_unsupported_ops(_OneNode.of(known))
+
+    def _convert_operator(self, op_name, inputs, attrs, opset):
+        if op_name in _RECURRENT:
+            out = _RECURRENT[op_name].get_converter(opset)(self.bb, inputs, attrs, [self._nodes, self._params])
+            return self.bb.normalize(out)
+        return super()._convert_operator(op_name, inputs, attrs, opset)
 
     # -- the node loop ------------------------------------------------------------------------------------
     def _construct_nodes(self, graph):

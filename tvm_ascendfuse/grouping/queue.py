@@ -78,6 +78,7 @@ class FusionQueue:
         self.cfg, self.target, self.report = config, target, report
         self.groups: dict[int, Group] = {}
         self.owner: dict[int, int] = {}      # node -> gid of the group that owns it
+        self._consumers: dict[int, set] = {}  # gid -> consumers(group), valid until the grouping changes
         # A duplicated node has no owner: its copies live in the groups of its users. Edges into those copies
         # are real dependences, so every graph walk must see them (else a merge that closes a cycle through
         # a copy looks convex).
@@ -120,11 +121,18 @@ class FusionQueue:
         return out
 
     def consumers(self, g: Group) -> set:
+        """gids of the groups reading ``g`` (do not modify: kept until the next merge or duplication, as
+        ``reaches`` asks for the same groups again and again: an unrolled recurrence's chain of steps made
+        the cycle checks most of the grouping's time)."""
+        out = self._consumers.get(g.gid)
+        if out is not None:
+            return out
         out = set()
         for m in g.owner_of:
             for u in self.nodes[m].users:
                 out |= self.holders(u)
         out.discard(g.gid)
+        self._consumers[g.gid] = out
         return out
 
     def reaches(self, src: Group, dst: Group, skip_direct: bool) -> bool:
@@ -403,6 +411,7 @@ class FusionQueue:
 
     def merge(self, a: Group, b: Group, decision: Decision) -> Group:
         """Replace ``a`` and ``b`` by one new group of ``decision.members``."""
+        self._consumers.clear()
         new = Group(next(self._next_gid), list(decision.members), a.owner_of | b.owner_of)
         a.alive = b.alive = False
         del self.groups[a.gid], self.groups[b.gid]
@@ -417,6 +426,7 @@ class FusionQueue:
         """Dissolve a single-op group into a copy in each consumer group; returns those groups."""
         p = g.members[0]
         cons = self.consumer_groups(p)
+        self._consumers.clear()
         g.alive = False
         del self.groups[g.gid]
         self.owner.pop(p, None)
