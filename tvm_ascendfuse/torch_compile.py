@@ -108,6 +108,7 @@ class _Plan:
     module: object            # torch.fx.GraphModule taking the tensor inputs only
     tensor_args: list         # positions, in dynamo's argument list, of the tensors the module takes
     weight_args: list         # positions of the weights bound as constants
+    scalar_args: list         # positions of Python numbers dynamo passes as 0-d tensors, bound as constants
     dynamic_dims: list        # per tensor input: {dim: symbol name} of its symbolic dims
     n_ops: int
 
@@ -135,19 +136,37 @@ def _fetch(gm, target: str):
     return obj
 
 
-def plan_graph(gm, example_inputs) -> _Plan:
-    """The module ``torch.export`` gets: weights as attributes, sizes read off the tensors (module docstring)."""
+def scalar_inputs(gm) -> list:
+    """Per graph input: whether dynamo passes it as a 0-d tensor standing for a Python number. Read while the
+    backend runs: dynamo drops the placeholders' ``grapharg`` once the backend has returned."""
+    return [bool(getattr(n.meta.get("grapharg"), "pass_arg_as_tensor", False))
+            for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def plan_graph(gm, example_inputs, scalar_flags=None) -> _Plan:
+    """The module ``torch.export`` gets: weights as attributes, sizes read off the tensors (module docstring).
+    ``scalar_flags``: ``scalar_inputs(gm)`` taken while the backend ran."""
     torch = _torch()
     import torch.fx as fx
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    scalar_flags = scalar_flags or scalar_inputs(gm)
     if len(placeholders) != len(example_inputs):
         raise _Untranslatable(f"{len(placeholders)} graph inputs but {len(example_inputs)} example inputs")
     graph, env, attrs = fx.Graph(), {}, {}
-    tensors, weights, symints, dynamic_dims = [], [], [], []
+    tensors, weights, scalars, symints, dynamic_dims = [], [], [], [], []
+    scalar_nodes = {}
     for pos, (node, value) in enumerate(zip(placeholders, example_inputs)):
         example = node.meta.get("example_value", value)
-        if isinstance(value, torch.Tensor) and _is_weight(torch, value):
+        if isinstance(value, torch.Tensor) and scalar_flags[pos] and value.dim() == 0:
+            # a Python float/int attribute (an epsilon, a scale) dynamo did not specialise: bound as a
+            # constant like the weights (and checked like them on every call); `.item()` of it is the number
+            name = f"_c{len(scalars)}"
+            attrs[name] = value.detach().clone()
+            env[node] = graph.get_attr(name)
+            scalar_nodes[node] = value.item()
+            scalars.append(pos)
+        elif isinstance(value, torch.Tensor) and _is_weight(torch, value):
             name = f"_w{len(weights)}"
             attrs[name] = torch.nn.Parameter(value.detach(), requires_grad=False)
             env[node] = graph.get_attr(name)
@@ -161,13 +180,16 @@ def plan_graph(gm, example_inputs) -> _Plan:
             tensors.append((pos, node, shape))
         elif isinstance(value, (int, torch.SymInt)) and _symbol(torch, example if example is not None else value):
             symints.append((node, _symbol(torch, example if example is not None else value)))
-        elif isinstance(value, int):
+        elif isinstance(value, (int, torch.SymInt)):
             env[node] = int(value)    # a size dynamo passed as an input but kept static: a constant
         else:
             raise _Untranslatable(f"graph input '{node.name}' is a {type(value).__name__}, not a tensor or size")
     for node, expr in symints:
         carrier = next(((tn, d) for _, tn, shape in tensors for d, s in enumerate(shape)
                         if _symbol(torch, s) == expr), None)
+        if carrier is None and not node.users:
+            env[node] = None
+            continue
         if carrier is None:
             raise _Untranslatable(f"dynamic size '{node.name}' ({expr}) is not a dimension of any input tensor")
         env[node] = graph.call_function(torch.ops.aten.sym_size.int, (env[carrier[0]], carrier[1]))
@@ -179,8 +201,17 @@ def plan_graph(gm, example_inputs) -> _Plan:
             attrs[node.target] = _fetch(gm, node.target)
         if node.op.startswith("call_"):
             n_ops += 1
+        if _is_item(torch, node) and node.args[0] in scalar_nodes:
+            env[node] = scalar_nodes[node.args[0]]
+            continue
         env[node] = graph.node_copy(node, lambda n: env[n])
-    return _Plan(fx.GraphModule(attrs, graph), [p for p, _, _ in tensors], weights, dynamic_dims, n_ops)
+    return _Plan(fx.GraphModule(attrs, graph), [p for p, _, _ in tensors], weights, scalars, dynamic_dims, n_ops)
+
+
+def _is_item(torch, node) -> bool:
+    if node.op == "call_method":
+        return node.target == "item"
+    return node.op == "call_function" and node.target in (torch.Tensor.item, torch.ops.aten.item.default)
 
 
 def import_plan(plan: _Plan, example_inputs):
@@ -254,9 +285,10 @@ def _to_tvm(torch, tvm, t):
     return tvm.runtime.from_dlpack(t.detach())
 
 
-def _weight_signature(args, positions) -> tuple:
-    sig = []
-    for p in positions:
+def _bound_signature(args, plan) -> tuple:
+    """What the build holds as constants: each weight's storage, shape and version, each scalar's value."""
+    sig = [args[p].item() for p in plan.scalar_args]
+    for p in plan.weight_args:
         t = args[p]
         try:
             version = t._version
@@ -269,24 +301,24 @@ def _weight_signature(args, positions) -> tuple:
 class CompiledPiece:
     """One dynamo piece built by our pipeline: called with dynamo's arguments, returns torch tensors."""
 
-    def __init__(self, gm, example_inputs, opts: BackendOptions, plan: _Plan, program, result):
+    def __init__(self, gm, example_inputs, opts: BackendOptions, plan: _Plan, program, result, scalar_flags):
         import tvm
         from tvm import relax
 
         torch = _torch()
         self._torch, self._tvm = torch, tvm
-        self.gm, self.opts, self.plan, self.result = gm, opts, plan, result
+        self.gm, self.opts, self.plan, self.result, self.scalar_flags = gm, opts, plan, result, scalar_flags
         self.out_spec = program.call_spec.out_spec
-        self.weights = _weight_signature(example_inputs, plan.weight_args)
+        self.bound = _bound_signature(example_inputs, plan)
         self._vm = relax.VirtualMachine(result.executable, tvm.cpu())
         self._main = self._vm["main"]
 
     def __call__(self, *args):
         torch = self._torch
-        if self.plan.weight_args and _weight_signature(args, self.plan.weight_args) != self.weights:
-            log.info("%s: the weights passed differ from the build's (another module instance or an in-place "
-                     "update); building for them", BACKEND_NAME)
-            fresh = _compile_piece(self.gm, list(args), self.opts)
+        if _bound_signature(args, self.plan) != self.bound:
+            log.info("%s: the weights or numbers passed differ from the build's (another module instance or an "
+                     "in-place update); building for them", BACKEND_NAME)
+            fresh = _compile_piece(self.gm, list(args), self.opts, self.scalar_flags)
             if not isinstance(fresh, CompiledPiece):
                 return fresh(*args)
             self.__dict__.update(fresh.__dict__)
@@ -297,14 +329,14 @@ class CompiledPiece:
         return torch.utils._pytree.tree_unflatten(flat, self.out_spec)
 
 
-def _compile_piece(gm, example_inputs, opts: BackendOptions):
-    plan = plan_graph(gm, example_inputs)
+def _compile_piece(gm, example_inputs, opts: BackendOptions, scalar_flags):
+    plan = plan_graph(gm, example_inputs, scalar_flags)
     program, mod = import_plan(plan, example_inputs)
     try:
         result = _build(mod, opts, program)
     except AscendFuseError as err:
         raise _Untranslatable(f"{type(err).__name__}: {err}") from None
-    return CompiledPiece(gm, example_inputs, opts, plan, program, result)
+    return CompiledPiece(gm, example_inputs, opts, plan, program, result, scalar_flags)
 
 
 def _describe(gm) -> str:
@@ -321,11 +353,12 @@ class LazyPiece:
 
     def __init__(self, gm, opts: BackendOptions):
         self.gm, self.opts, self._run = gm, opts, None
+        self.scalar_flags = scalar_inputs(gm)
 
     def __call__(self, *args):
         if self._run is None:
             try:
-                self._run = _compile_piece(self.gm, list(args), self.opts)
+                self._run = _compile_piece(self.gm, list(args), self.opts, self.scalar_flags)
             except _Untranslatable as err:
                 stats["eager"] += 1
                 log.warning("%s: %s runs in eager PyTorch: %s", BACKEND_NAME, _describe(self.gm), err)
