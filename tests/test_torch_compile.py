@@ -168,10 +168,26 @@ def test_another_instance_gets_its_own_weights():
     x = torch.randn(4, 32)
     check(compiled(first), first, x)
     check(compiled(second), second, x)
+    check(compiled(first), first, x)           # each instance's build is kept: no third build
+    assert tc.stats["builds"] == 2 and tc.stats["backend_calls"] == 1
     with torch.no_grad():
         second.up.weight.mul_(2.0)             # an in-place update of a weight the build holds
     check(compiled(second), second, x)
     assert tc.stats["builds"] == 3
+
+
+def test_failing_build_runs_eagerly_with_one_line(caplog, monkeypatch):
+    import tvm_ascendfuse.api
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a kernel did not lower")
+
+    monkeypatch.setattr(tvm_ascendfuse.api, "compile_model", broken)
+    model = MLP().eval()
+    with caplog.at_level(logging.WARNING, logger=tc.__name__):
+        check(compiled(model), model, torch.randn(2, 32))
+    lines = eager_lines(caplog)
+    assert len(lines) == 1 and "a kernel did not lower" in lines[0].getMessage()
 
 
 def test_training_runs_eagerly_and_says_inference_only(caplog):

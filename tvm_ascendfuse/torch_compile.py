@@ -38,7 +38,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .errors import AscendFuseError, ModelError, OptionError, UnsupportedOpError
+from .errors import ModelError, OptionError, UnsupportedOpError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ stats: Counter = Counter()
 
 _CACHE: dict = {}           # build key -> CompileResult
 _CACHE_LIMIT = 64
+_VARIANT_LIMIT = 8          # builds of one piece for different weights (module instances sharing code)
 _LOCK = threading.Lock()
 
 
@@ -312,21 +313,35 @@ class CompiledPiece:
         self.bound = _bound_signature(example_inputs, plan)
         self._vm = relax.VirtualMachine(result.executable, tvm.cpu())
         self._main = self._vm["main"]
+        self._variants = None   # bound signature -> CompiledPiece, once a second set of weights was seen
 
     def __call__(self, *args):
-        torch = self._torch
         if _bound_signature(args, self.plan) != self.bound:
-            log.info("%s: the weights or numbers passed differ from the build's (another module instance or an "
-                     "in-place update); building for them", BACKEND_NAME)
-            fresh = _compile_piece(self.gm, list(args), self.opts, self.scalar_flags)
-            if not isinstance(fresh, CompiledPiece):
-                return fresh(*args)
-            self.__dict__.update(fresh.__dict__)
+            return self._other_weights(args)
+        return self._run_vm(args)
+
+    def _run_vm(self, args):
+        torch = self._torch
         outs = self._main(*[_to_tvm(torch, self._tvm, args[p]) for p in self.plan.tensor_args])
         flat = [torch.from_dlpack(o) for o in _flatten(outs)]
         if self.out_spec is None:
             return flat[0] if len(flat) == 1 else flat
         return torch.utils._pytree.tree_unflatten(flat, self.out_spec)
+
+    def _other_weights(self, args):
+        """Weights (or numbers) other than the build's: their own build, kept beside this one, so instances
+        sharing dynamo's code each run on theirs."""
+        variants = self._variants = self._variants or {self.bound: self}
+        sig = _bound_signature(args, self.plan)
+        piece = variants.get(sig)
+        if piece is None:
+            log.info("%s: the weights or numbers passed differ from the build's (another module instance or an "
+                     "in-place update); building for them", BACKEND_NAME)
+            piece = _compile_or_eager(self.gm, args, self.opts, self.scalar_flags)
+            if len(variants) >= _VARIANT_LIMIT:
+                variants.pop(next(k for k in variants if variants[k] is not self))
+            variants[sig] = piece
+        return piece(*args)
 
 
 def _compile_piece(gm, example_inputs, opts: BackendOptions, scalar_flags):
@@ -334,9 +349,22 @@ def _compile_piece(gm, example_inputs, opts: BackendOptions, scalar_flags):
     program, mod = import_plan(plan, example_inputs)
     try:
         result = _build(mod, opts, program)
-    except AscendFuseError as err:
-        raise _Untranslatable(f"{type(err).__name__}: {err}") from None
+    except _Untranslatable:
+        raise
+    except Exception as err:  # noqa: BLE001 - a build that fails must cost the piece our kernels, not the call
+        first = (str(err).strip().splitlines() or [""])[-1].strip()[:300]
+        raise _Untranslatable(f"the build failed: {type(err).__name__}: {first}") from None
     return CompiledPiece(gm, example_inputs, opts, plan, program, result, scalar_flags)
+
+
+def _compile_or_eager(gm, args, opts: BackendOptions, scalar_flags):
+    """Our build of the piece, or its eager ``forward`` with one logged line saying why."""
+    try:
+        return _compile_piece(gm, list(args), opts, scalar_flags)
+    except _Untranslatable as err:
+        stats["eager"] += 1
+        log.warning("%s: %s runs in eager PyTorch: %s", BACKEND_NAME, _describe(gm), err)
+        return gm.forward
 
 
 def _describe(gm) -> str:
@@ -357,12 +385,7 @@ class LazyPiece:
 
     def __call__(self, *args):
         if self._run is None:
-            try:
-                self._run = _compile_piece(self.gm, list(args), self.opts, self.scalar_flags)
-            except _Untranslatable as err:
-                stats["eager"] += 1
-                log.warning("%s: %s runs in eager PyTorch: %s", BACKEND_NAME, _describe(self.gm), err)
-                self._run = self.gm.forward
+            self._run = _compile_or_eager(self.gm, args, self.opts, self.scalar_flags)
         return self._run(*args)
 
     @property
