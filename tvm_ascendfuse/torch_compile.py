@@ -286,17 +286,20 @@ def _to_tvm(torch, tvm, t):
     return tvm.runtime.from_dlpack(t.detach())
 
 
+def _version(t):
+    try:
+        return t._version
+    except RuntimeError:   # inference tensors have no version counter (and cannot be modified in place)
+        return None
+
+
 def _bound_signature(args, plan) -> tuple:
-    """What the build holds as constants: each weight's storage, shape and version, each scalar's value."""
-    sig = [args[p].item() for p in plan.scalar_args]
-    for p in plan.weight_args:
-        t = args[p]
-        try:
-            version = t._version
-        except RuntimeError:   # inference tensors have no version counter (and cannot be modified in place)
-            version = None
-        sig.append((t.data_ptr(), tuple(t.shape), version))
-    return tuple(sig)
+    """What the build holds as constants: each scalar's value, each weight's identity and version (an
+    in-place update bumps it). Identities stay unique because the piece keeps the weights it was built from
+    (``CompiledPiece._weights``); checked on every call, so kept cheap (~70 us for ResNet-50's 320 tensors,
+    against ~230 us reading storage pointers and shapes)."""
+    return (tuple(args[p].item() for p in plan.scalar_args),
+            tuple((id(args[p]), _version(args[p])) for p in plan.weight_args))
 
 
 class CompiledPiece:
@@ -311,6 +314,7 @@ class CompiledPiece:
         self.gm, self.opts, self.plan, self.result, self.scalar_flags = gm, opts, plan, result, scalar_flags
         self.out_spec = program.call_spec.out_spec
         self.bound = _bound_signature(example_inputs, plan)
+        self._weights = [example_inputs[p] for p in plan.weight_args]   # keeps the identities in `bound` unique
         self._vm = relax.VirtualMachine(result.executable, tvm.cpu())
         self._main = self._vm["main"]
         self._variants = None   # bound signature -> CompiledPiece, once a second set of weights was seen
