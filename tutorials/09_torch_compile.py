@@ -86,7 +86,7 @@ def run():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
-    logging.basicConfig(format="   log: %(name)s: %(message)s", level=logging.WARNING)
+    logging.basicConfig(stream=sys.stdout, format="   log: %(name)s: %(message)s", level=logging.WARNING)
     torch.manual_seed(0)
     good = True
 
