@@ -6,7 +6,8 @@
         y = fast(x)                                           # torch tensors in and out
 
 Dynamo hands the backend one FX graph per piece of the program it could trace (a graph break ends a piece)
-and the piece's example inputs. Each piece goes:
+and the piece's example inputs. The backend returns at once; each piece is built on its first call, with
+that call's tensors (``LazyPiece``), and goes:
 
 1. **FX graph -> plain module.** With dynamo's inlined ``nn.Module``s the module's parameters and buffers
    arrive as graph inputs (marked static by dynamo); they become attributes of the module again, so the
@@ -27,7 +28,8 @@ call (the backend is inference only: gradients would not flow through the VM).
 
 The weights are bound at compile time. Dynamo does not guard on the identity of inlined modules' parameters
 (two instances of one class share the compiled code), so every call checks that the weights passed are the
-ones the build holds (same storage, not modified in place) and builds again if not.
+ones the build holds (the same tensors, not modified in place since) and builds for them if not; each set of
+weights keeps its build.
 """
 
 from __future__ import annotations
@@ -220,8 +222,8 @@ def import_plan(plan: _Plan, example_inputs):
     torch = _torch()
     from .torch_frontend import import_exported_program
 
-    # copies: export marks the tensors it is given (their dynamic dims), and dynamo's guards on the caller's
-    # tensors, built after the backend returns, would then fail on the very frame that created them
+    # copies: export traces with the tensors it is given, and whatever it records on them must not reach the
+    # caller's tensors, which dynamo keeps guarding
     args = tuple(example_inputs[p].detach().clone() for p in plan.tensor_args)
     dynamic = tuple({d: torch.export.Dim.DYNAMIC for d in dims} or None for dims in plan.dynamic_dims)
     try:
