@@ -18,7 +18,8 @@ def _run(script, *args, cwd):
 
 def test_all_tutorials_are_tested():
     tested = {"01_conv_bn_relu.py", "02_llama_block.py", "03_passes_and_pipeline.py", "04_custom_pattern.py",
-              "05_tuning.py", "06_from_pytorch.py", "07_html_report.py", "08_generate.py"}
+              "05_tuning.py", "06_from_pytorch.py", "07_html_report.py", "08_generate.py",
+              "09_torch_compile.py"}
     assert {p.name for p in (ROOT / "tutorials").glob("*.py")} == tested
 
 
@@ -74,3 +75,10 @@ def test_generate_tutorial_small(tmp_path):
     pytest.importorskip("onnxscript")
     out = _run("08_generate.py", "--hidden", "64", "--new", "10", "--out", str(tmp_path), cwd=tmp_path)
     assert "symbolic sizes ['past']" in out and "tutorial checks: OK" in out
+
+
+def test_torch_compile_tutorial_small(tmp_path):
+    pytest.importorskip("torch")
+    out = _run("09_torch_compile.py", "--hidden", "64", "--heads", "4", "--seq", "16", cwd=tmp_path)
+    assert "dynamo called the backend 1 time(s); builds: 1" in out and "pieces built: 2" in out
+    assert "runs in eager PyTorch" in out and "tutorial checks: OK" in out

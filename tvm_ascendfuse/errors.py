@@ -13,6 +13,10 @@ class SwitchError(AscendFuseError):
     """A fusion switch file is malformed or names an unknown pass."""
 
 
+class OptionError(AscendFuseError):
+    """An option passed to an entry point (``torch.compile``'s ``options``) is unknown or has a bad value."""
+
+
 class ModelError(AscendFuseError):
     """An input model cannot be read or imported."""
 

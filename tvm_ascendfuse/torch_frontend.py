@@ -11,7 +11,9 @@ The exported program is translated *without* running torch's core-ATen decomposi
 (decomposed, SDPA becomes a dozen reshapes, broadcasts and a NaN guard). A program holding an op the
 translator only knows in decomposed form is retried with the decompositions.
 
-Two of TVM's converters for un-decomposed programs are replaced (``_CONVERTERS``): ``aten.batch_norm``
+Four of TVM's converters for un-decomposed programs are replaced (``_CONVERTERS``): ``aten.cat`` (torch
+skips 1-D empty operands, TVM rejects the rank mismatch), ``aten.slice`` (a symbolic end torch proved in
+bounds is not clamped, so the slice keeps the length it is sliced to), ``aten.batch_norm``
 (TVM reads its arguments in the order of ``_native_batch_norm_legit``, so inference BatchNorm came out in
 training mode with the momentum as epsilon) and ``scaled_dot_product_attention`` (TVM drops its ``scale``
 argument; ours also takes boolean masks, as the additive 0 / -inf mask, and ``enable_gqa``, as the key/value
@@ -120,8 +122,56 @@ def _sdpa(node, importer):
     return to_bsnh(out)
 
 
+def _is_legacy_empty(t) -> bool:
+    """A 1-D tensor of static length 0."""
+    shape = getattr(t.ty, "shape", None)
+    dims = getattr(shape, "values", None)
+    return dims is not None and len(dims) == 1 and getattr(dims[0], "value", None) == 0
+
+
+def _cat(node, importer):
+    """``aten.cat(tensors, dim)``. torch skips 1-D empty operands whatever the others' rank (a legacy rule a
+    lazily started KV cache relies on: transformers' ``DynamicCache`` concatenates its empty initial keys
+    with the first step's (batch, heads, seq, dim) keys); Relax's concat requires one rank, so they are
+    dropped here."""
+    from tvm import relax
+
+    parts = [importer.env[a] for a in node.args[0]]
+    kept = [t for t in parts if not _is_legacy_empty(t)] or parts[:1]
+    axis = _arg(node, 1, "dim", 0)
+    if len(kept) == 1:
+        return kept[0]
+    return importer.block_builder.emit(relax.op.concat(kept, axis=axis))
+
+
+def _slice(node, importer):
+    """``aten.slice(x, dim, start, end, step)`` with a symbolic end torch proved in bounds: the slice of
+    Hugging Face's position-id buffer (64 positions) to the sequence length ``s``, which torch.export bounds
+    by 64. TVM's converter clamps the end (its output length ``min(s, 64)``), and ``min(s, 64)`` then does
+    not match the embeddings' length ``s``: their sum, and everything after it, lost its shape. torch's
+    own output length for the slice (``node.meta['val']``) says whether the clamp can bind; when it has no
+    min/max the slice is emitted as in bounds."""
+    from tvm import relax
+
+    end = _arg(node, 3, "end", None)
+    val = node.meta.get("val")
+    dim = _arg(node, 1, "dim", 0)
+    step = _arg(node, 4, "step", 1)
+    start = _arg(node, 2, "start", None)
+    size = val.shape[dim] if val is not None and hasattr(val, "shape") else None
+    expr = getattr(getattr(size, "node", None), "expr", None)
+    if (end is None or not hasattr(end, "op") or not isinstance(step, int) or not isinstance(start or 0, int)
+            or expr is None or "Min" in str(expr) or "Max" in str(expr)):
+        return importer._slice(node)
+    x = importer.env[node.args[0]]
+    return importer.block_builder.emit(relax.op.strided_slice(
+        x, [dim], [start or 0], [importer.env[end]], [step], assume_inbound=True))
+
+
 _CONVERTERS = {
     "batch_norm.default": _batch_norm,
+    "cat.default": _cat,
+    "slice.Tensor": _slice,
     "scaled_dot_product_attention.default": _sdpa,
 }
 

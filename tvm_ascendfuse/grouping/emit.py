@@ -31,6 +31,7 @@ class _Emitter:
     def __init__(self, graph, model, queue, bb, section, target):
         self.graph, self.nodes, self.model, self.queue = graph, graph.nodes, model, queue
         self.bb, self.section, self.target = bb, section, target
+        self._exported = set()     # vars bound by the groups emitted so far
 
     def pattern_of(self, g: Group) -> PatternGroup | None:
         pids = {self.nodes[m].locked for m in g.members if self.nodes[m].locked is not None}
@@ -68,9 +69,15 @@ class _Emitter:
         for g in groups.values():
             for m in g.members:
                 for p in nodes[m].producers:
+                    if p in g.members:
+                        continue
                     up = unit_of.get(p)
-                    if up is not None and up != g.gid and p not in g.members:
+                    if up is not None and up != g.gid:
                         deps[g.gid].add(up)
+                    elif up is None:
+                        # an op no group owns, recomputed in the groups holding a copy: one of them exports
+                        # it (``_emit_group``), so a reader comes after all of them
+                        deps[g.gid] |= set(self.queue.copies.get(p, ())) - {g.gid}
         order_key = {g.gid: min(g.owner_of) if g.owner_of else min(g.members) for g in groups.values()}
         indeg = {k: len(v) for k, v in deps.items()}
         rev: dict[int, list] = {k: [] for k in deps}
@@ -111,7 +118,10 @@ class _Emitter:
         ins = model.inputs(members)
         outs = set(model.outputs(members, self.queue.group_of))
         outs |= {m for m in members if read_by.get(nodes[m].var, set()) - {g.gid}}
-        outs = [m for m in members if m in outs]
+        # a copy (an op recomputed in several groups) leaves through the first group emitted with it: two
+        # groups exporting it would bind its var twice in the block
+        outs = [m for m in members if m in outs and (m in g.owner_of or nodes[m].var not in self._exported)]
+        self._exported.update(nodes[m].var for m in outs)
         params, remap, sizes = [], {}, []
         for i, key in enumerate(ins):
             if tvm.ir.is_prim_expr(key):
