@@ -27,18 +27,19 @@ class CompileResult:
 def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", switches=None,
                   portable: bool = False, traffic_baseline: bool = False, jobs: int | None = None,
                   verify: bool = False, reference: Callable | None = None,
-                  reference_name: str | None = None) -> CompileResult:
+                  reference_name: str | None = None, precision_mode: str | None = None) -> CompileResult:
     """``traffic_baseline=True`` also fills the TVM-default and lower-bound rows of the report's traffic table
     (report-only; it re-runs TVM's default fusion on the model, seconds on ResNet-50). ``jobs``: threads
     for the kernels' TIR lowering and LLVM code generation (default: the host's cores; ``build.py``).
 
     ``verify=True`` runs the build and an unfused reference on seeded random inputs and, on a mismatch, names
     the first kernel that differs from its unfused ops (``verify.py``; result in ``.verification`` and the
-    report's ``verify`` section). ``reference``: a function inputs -> outputs (e.g.
+    report's ``verify`` section). ``precision_mode``: CANN's names (``precision/modes.py``; default
+    ``must_keep_origin_dtype``). ``reference``: a function inputs -> outputs (e.g.
     ``verify.onnxruntime_reference(model)``); default TVM's default pipeline on ``mod``."""
     npu = get_target(target)
     host = npu.host_target(portable=portable)
-    pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline)
+    pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline, precision_mode=precision_mode)
     timings: dict = {}
     ex = build(mod, host, pipeline, jobs=jobs, timings=timings)
     record_build_times(pipeline.report, timings)

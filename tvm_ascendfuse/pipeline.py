@@ -20,6 +20,7 @@ from .errors import AscendFuseError
 from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
 from .legalize import explain_failure, legalize_ops
 from .passbase import PyPass
+from .precision import Float32ComputePass, PrecisionPlan, resolve_mode
 from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
@@ -33,6 +34,12 @@ def traffic_baseline_phase(target, report, tvm_target):
     """Phase 0 (opt-in, report-only): what TVM's default fusion would launch and move, and the compulsory
     bytes, counted on the module as it enters the pipeline."""
     return [TrafficBaseline(target, report, tvm_target)]
+
+
+def precision_phase(report, plan):
+    """Phase 0b: a model stored in 16-bit floats computed in float32 (the host has no 16-bit arithmetic);
+    its 16-bit storage between kernels comes back after scheduling (``storage_phase``)."""
+    return [Float32ComputePass(report, plan)]
 
 
 def graph_fusion_phase(target, switches, report):
@@ -141,8 +148,10 @@ class AscendFusePipeline(PyPass):
     schedule rules to use instead of ``schedule.apply.default_rules`` (instances or classes, in order)."""
 
     def __init__(self, target: AscendTarget | str | None = None, switches=None,
-                 report: FusionReport | None = None, traffic_baseline: bool = False, rules=None):
+                 report: FusionReport | None = None, traffic_baseline: bool = False, rules=None,
+                 precision_mode: str | None = None):
         self._target_spec = target
+        self._precision_mode = precision_mode
         self._switch_spec = switches
         self.traffic_baseline = traffic_baseline
         self.rules = rules
@@ -162,6 +171,7 @@ class AscendFusePipeline(PyPass):
             tvm_target = target.host_target()
         switches = resolve_switches(self._switch_spec).with_pass_context()
         self.report.target_name = target.name
+        self.plan = PrecisionPlan(resolve_mode(self._precision_mode, target))
         return target, switches, tvm_target
 
     def phases(self, target, switches, tvm_target, forbidden=()):
@@ -169,6 +179,7 @@ class AscendFusePipeline(PyPass):
         baseline = [("traffic_baseline", traffic_baseline_phase(target, r, tvm_target))] \
             if self.traffic_baseline else []
         return baseline + [
+            ("precision", precision_phase(r, self.plan)),
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
             ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target, forbidden)),
             ("schedule", schedule_phase(target, r, tvm_target, self.rules)),
@@ -246,8 +257,8 @@ class AscendFusePipeline(PyPass):
 
 
 def ascendfuse_pipeline(target=None, switches=None, report=None, traffic_baseline=False,
-                        rules=None) -> AscendFusePipeline:
-    return AscendFusePipeline(target, switches, report, traffic_baseline, rules)
+                        rules=None, precision_mode=None) -> AscendFusePipeline:
+    return AscendFusePipeline(target, switches, report, traffic_baseline, rules, precision_mode)
 
 
 if "ascendfuse" not in relax.pipeline.PIPELINE_MAP:

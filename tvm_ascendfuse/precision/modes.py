@@ -1,0 +1,66 @@
+"""Precision modes, with CANN's names (ATC ``--precision_mode``), and the plan one build follows.
+
+On the host every kernel computes in float32 vectors (no 16-bit arithmetic unit: conversions at load and
+store); a mode decides which dtype each tensor is *stored* in between kernels, i.e. what GM traffic and what
+rounding the model sees, as on the NPU where each kernel reads and writes its GM tensors in that dtype and
+accumulates in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import AscendFuseError
+
+SIXTEEN_BIT = ("float16", "bfloat16")
+
+# mode -> (16-bit storage dtype or None, whether ops on the keep-list stay float32)
+MODES = {
+    "force_fp32": ("float32", False),         # float32 everywhere, also for a model stored in fp16
+    "must_keep_origin_dtype": (None, False),  # the model's own dtypes (an fp16 model stays fp16)
+    "allow_fp32_to_fp16": ("float16", True),  # as allow_mix_precision here: fp16 where the op is safe
+    "force_fp16": ("float16", False),
+    "allow_mix_precision": ("float16", True),
+    "force_bf16": ("bfloat16", False),
+    "allow_mix_precision_bf16": ("bfloat16", True),
+}
+DEFAULT_MODE = "must_keep_origin_dtype"
+
+
+class PrecisionModeError(AscendFuseError):
+    """An unknown precision mode, or one the target cannot run (bf16 on a target without bf16)."""
+
+
+@dataclass
+class PrecisionPlan:
+    """What one build stores in 16 bits. ``model_dtypes``: the 16-bit dtypes the model itself used
+    (filled by ``Float32ComputePass``); ``mode``'s own dtype otherwise."""
+
+    mode: str = DEFAULT_MODE
+    model_dtypes: set = field(default_factory=set)
+
+    @property
+    def storage_dtype(self) -> str | None:
+        converted, _ = MODES[self.mode]
+        if converted is not None:
+            return None if converted == "float32" else converted
+        if len(self.model_dtypes) == 1:
+            return next(iter(self.model_dtypes))
+        return None   # a model mixing fp16 and bf16 tensors keeps float32 between kernels
+
+    @property
+    def keeps_fp32_ops(self) -> bool:
+        return MODES[self.mode][1]
+
+
+def resolve_mode(mode: str | None, target) -> str:
+    """The mode's canonical name; a clear error for an unknown name or bf16 on a target without it."""
+    if mode is None:
+        return DEFAULT_MODE
+    name = str(mode).strip().lower().replace("-", "_")
+    if name not in MODES:
+        raise PrecisionModeError(f"unknown precision mode '{mode}'; modes: {', '.join(MODES)}")
+    if MODES[name][0] == "bfloat16" and not getattr(target, "bf16", False):
+        raise PrecisionModeError(f"precision mode '{name}' needs bfloat16, which target '{target.name}' does not "
+                                 "have; use force_fp16 or allow_mix_precision")
+    return name
