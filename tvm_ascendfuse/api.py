@@ -9,6 +9,7 @@ import tvm
 
 from .build import build
 from .pipeline import AscendFusePipeline
+from .precision import resolve_mode
 from .report import FusionReport
 from .target import AscendTarget, get_target
 
@@ -38,6 +39,7 @@ def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", 
     ``must_keep_origin_dtype``). ``reference``: a function inputs -> outputs (e.g.
     ``verify.onnxruntime_reference(model)``); default TVM's default pipeline on ``mod``."""
     npu = get_target(target)
+    resolve_mode(precision_mode, npu)     # a mode the target cannot run fails here, before any work
     host = npu.host_target(portable=portable)
     pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline, precision_mode=precision_mode)
     timings: dict = {}

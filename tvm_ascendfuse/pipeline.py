@@ -20,7 +20,7 @@ from .errors import AscendFuseError
 from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
 from .legalize import explain_failure, legalize_ops
 from .passbase import PyPass
-from .precision import Float32ComputePass, PrecisionPlan, resolve_mode
+from .precision import Float32ComputePass, PrecisionPlan, RoundWeightsPass, SixteenBitStoragePass, resolve_mode
 from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
@@ -69,11 +69,13 @@ def _host_cores(tvm_target) -> int:
     return max(1, int(tvm_target.attrs["num-cores"])) if "num-cores" in tvm_target.attrs else 1
 
 
-def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
+def ub_fusion_phase(target, switches, report, tvm_target, forbidden=(), plan=None):
     """Phase 2: pattern groups, legalization, grouping of the rest, one PrimFunc per group.
 
     The cost-based grouping replaces TVM's FuseOps; FuseOps is the fallback when it is switched off.
-    ``forbidden``: groups whose kernels exceeded on-chip capacity in an earlier run (``GroupingConfig``)."""
+    ``forbidden``: groups whose kernels exceeded on-chip capacity in an earlier run (``GroupingConfig``).
+    First, under a mode converting float32 to 16 bits, GEMM/conv weights are rounded to 16-bit values: here
+    and not in the precision phase, so that weights graph fusion computed (BN folded into a conv) are too."""
     if switches.is_on(COST_BASED_FUSION):
         chained = switches.is_on(CHAINED_GEMM)
         config = GroupingConfig(allow_chained_gemm=chained,
@@ -85,7 +87,9 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
     else:
         report.touch(COST_BASED_FUSION)
         grouping = relax.transform.FuseOps()
+    rounding = [RoundWeightsPass(report, plan)] if plan is not None else []
     return [
+        *rounding,
         PatternFusionPass(target, report, switches),
         *cpu.library_dispatch_passes(tvm_target),
         legalize_ops(),
@@ -93,15 +97,17 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
         relax.transform.FoldConstant(),
         grouping,
         RecordKernels(report),
-        TrafficAccounting(target, report),
+        TrafficAccounting(target, report, plan),
     ]
 
 
-def schedule_phase(target, report, tvm_target, rules=None):
+def schedule_phase(target, report, tvm_target, rules=None, plan=None):
     """Phase 3: one UB-tiled schedule per kernel (first accepting rule per kind, only schedules that fit the
     on-chip buffers: else smaller tiles, else the next rule); constant weights that a rule re-lays out are
-    packed once at compile time."""
-    return [ScheduleKernels(target, report, tvm_target, rules)]
+    packed once at compile time. Then, for a 16-bit precision plan, the tensors between kernels are stored
+    in 16 bits (each kernel converts at its loads and stores; ``precision/storage.py``)."""
+    storage = [SixteenBitStoragePass(report, plan)] if plan is not None else []
+    return [ScheduleKernels(target, report, tvm_target, rules), *storage]
 
 
 def verification_phase(target, report):
@@ -181,8 +187,8 @@ class AscendFusePipeline(PyPass):
         return baseline + [
             ("precision", precision_phase(r, self.plan)),
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
-            ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target, forbidden)),
-            ("schedule", schedule_phase(target, r, tvm_target, self.rules)),
+            ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target, forbidden, self.plan)),
+            ("schedule", schedule_phase(target, r, tvm_target, self.rules, self.plan)),
             ("verify", verification_phase(target, r)),
             ("lowering", lowering_phase(tvm_target)),
         ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import AscendFuseError
+from ..errors import PrecisionModeError
 
 SIXTEEN_BIT = ("float16", "bfloat16")
 
@@ -26,9 +26,20 @@ MODES = {
 }
 DEFAULT_MODE = "must_keep_origin_dtype"
 
+# Op-name fragments of what mixed precision keeps in float32 (CANN's keep-lists: softmax, norms, reductions,
+# exp/log); a kernel holding one stores its output in float32. Shared by the host's storage (after
+# scheduling) and the NPU traffic model (after grouping).
+FP32_KEEP = ("softmax", "norm", "mean", "sum", "variance", "relax.max", "relax.min", "exp", "log", "std",
+             "cumsum", "prod")
 
-class PrecisionModeError(AscendFuseError):
-    """An unknown precision mode, or one the target cannot run (bf16 on a target without bf16)."""
+
+def keeps_fp32(ops) -> str | None:
+    """The first op of a kernel (its source op names) that mixed precision keeps in float32, or None."""
+    for op in ops or ():
+        name = str(op)
+        if any(k in name for k in FP32_KEEP):
+            return name
+    return None
 
 
 @dataclass

@@ -1,0 +1,278 @@
+"""SixteenBitStoragePass: kernels load and store their GM tensors in 16 bits, compute in float32.
+
+After scheduling, every float32 tensor that goes from one kernel to the next (``call_tir`` output read only by
+other ``call_tir`` calls) is stored in the plan's 16-bit dtype: the producer's stores become
+``out16[i] = cast(f16, value)`` and each consumer's loads ``cast(f32, in16[i])``. The schedules are unchanged:
+a vectorised load of 16 lanes becomes a 16-lane half load and one conversion (F16C ``vcvtph2ps`` /
+``vcvtps2ph`` on x86; bf16 by shifts), so every rule's vector path keeps its speed and GM traffic halves.
+
+Why after scheduling and not as casts in the graph: the kernel boundaries are only known once the grouping has
+run, and casts in the graph would stand between the ops every fusion pattern matches (conv -> add -> relu).
+
+A tensor stays float32 when:
+
+* it is the model's output, a tuple, or read by anything but a kernel call (the VM's view ops);
+* its producer reads its output buffer back (accumulates in place): it would accumulate in 16 bits;
+* a kernel uses the buffer other than by plain loads and stores (an address passed to a packed call, a
+  region matched as a buffer of its own);
+* the mode keeps the producer's ops in float32 (mixed modes: softmax, norms, reductions, exp/log).
+
+A kernel called with different storage at different call sites gets one copy per combination.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+
+from collections import Counter
+
+from ..analysis.kernels import launched_kernels
+from ..passbase import PyPass
+from ..report import FusionReport
+from .modes import keeps_fp32
+
+PASS_NAME = "SixteenBitStorage"
+
+class SixteenBitStoragePass(PyPass):
+    """See the module docstring. ``plan``: the build's ``PrecisionPlan``; nothing happens when its
+    storage dtype is None (float32 builds)."""
+
+    def __init__(self, report: FusionReport, plan):
+        self.report = report
+        self.plan = plan
+
+    def pass_name(self) -> str:
+        return PASS_NAME
+
+    def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
+        dtype = self.plan.storage_dtype
+        if dtype is None:
+            return mod
+        ops = {k["name"]: k.get("ops") for k in self.report.kernels}
+        summary = {"dtype": dtype, "mode": self.plan.mode, "kernels": {}, "kept_fp32": []}
+        # the kernels' copies are added through one builder so their GlobalVars carry their signatures
+        builder = relax.BlockBuilder(mod)
+        updates = {}
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+                rewrite = _Rewrite(mod, builder, dtype, ops if self.plan.keeps_fp32_ops else None, summary)
+                new = rewrite.function(func, gv.name_hint)
+                if new is not None:
+                    updates[gv] = new
+        if not updates:
+            return mod
+        for gv, func in updates.items():
+            builder.update_func(gv, func)
+        out = relax.transform.DeadCodeElimination()(builder.get())
+        self.report.sections["precision"] = summary
+        _rename_rows(self.report, summary["kernels"], Counter(launched_kernels(out)))
+        return out
+
+
+def _rename_rows(report, copies: dict, launches: Counter) -> None:
+    """Report rows for the kernels' 16-bit copies (the original row, its name, its GM dtypes, its launches);
+    rows of kernels no longer launched are dropped."""
+    rows = {r["name"]: r for r in report.kernels}
+    out = []
+    for r in report.kernels:
+        if launches.get(r["name"]):
+            out.append(dict(r, launches=launches[r["name"]]))
+    for name, info in copies.items():
+        row = dict(rows.get(info["from"], {"name": info["from"]}))
+        row.update(name=name, source_kernel=info["from"], launches=launches.get(name, 0),
+                   precision={"compute": "float32", "inputs": info["inputs"], "output": info["output"]})
+        out.append(row)
+    report.kernels[:] = out
+
+
+def _tensor_dtype(ty) -> str | None:
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
+def _call_tir(value):
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_tir" \
+            and isinstance(value.args[0], tvm.ir.GlobalVar) and isinstance(value.args[1], relax.Tuple):
+        return value
+    return None
+
+
+class _Rewrite:
+    def __init__(self, mod, builder, dtype, kernel_ops, summary):
+        self.mod, self.builder, self.dtype, self.kernel_ops, self.summary = mod, builder, dtype, kernel_ops, summary
+        self.clones = {}            # (kernel name, signature) -> GlobalVar
+
+    def function(self, func: relax.Function, name: str):
+        if not isinstance(func.body, relax.SeqExpr):
+            return None
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+        producers = {}
+        uses = {}
+        for b in bindings:
+            if isinstance(b, relax.VarBinding):
+                call = _call_tir(b.value)
+                if call is not None:
+                    producers[b.var] = call
+                    for i, a in enumerate(call.args[1].fields):
+                        if isinstance(a, relax.Var):
+                            uses.setdefault(a, []).append((b.var, i))
+                    continue
+            relax.analysis.post_order_visit(b.value, lambda e: uses.setdefault(e, []).append(None)
+                                            if isinstance(e, relax.Var) else None)
+        relax.analysis.post_order_visit(func.body.body, lambda e: uses.setdefault(e, []).append(None)
+                                        if isinstance(e, relax.Var) else None)
+        chosen = set()
+        for var, call in producers.items():
+            if _tensor_dtype(var.ty) != "float32" or not uses.get(var) or any(u is None for u in uses[var]):
+                continue
+            kernel = self.mod[call.args[0]]
+            n_in = len(call.args[1].fields)
+            if len(kernel.params) != n_in + 1:
+                continue            # several outputs: left alone
+            if self.kernel_ops is not None:
+                kept = keeps_fp32(self.kernel_ops.get(call.args[0].name_hint))
+                if kept is not None:
+                    self.summary["kept_fp32"].append({"tensor": var.name, "kernel": call.args[0].name_hint,
+                                                      "op": kept})
+                    continue
+            if not _convertible(kernel, kernel.params[n_in], output=True):
+                continue
+            if all(_convertible(self.mod[producers[user].args[0]], self.mod[producers[user].args[0]].params[i],
+                                output=False) for user, i in uses[var]):
+                chosen.add(var)
+        if not chosen:
+            return None
+        return self._emit(func, name, bindings, producers, chosen)
+
+    def _emit(self, func, name, bindings, producers, chosen):
+        remap = {}
+
+        def sub(e):
+            if isinstance(e, relax.Var):
+                return remap.get(e, e)
+            if isinstance(e, relax.Tuple):
+                return relax.Tuple([sub(f) for f in e.fields])
+            if isinstance(e, relax.TupleGetItem):
+                return relax.TupleGetItem(sub(e.tuple_value), e.index)
+            if isinstance(e, relax.Call):
+                return relax.Call(e.op, [sub(a) for a in e.args], e.attrs, e.ty_args)
+            return e
+
+        bb = relax.BlockBuilder()
+        with bb.function(name, list(func.params), attrs=dict(func.attrs) if func.attrs else None, private=False):
+            with bb.dataflow():
+                for b in bindings:
+                    call = producers.get(b.var)
+                    if call is None:
+                        value = sub(b.value)
+                    else:
+                        args = [sub(a) for a in call.args[1].fields]
+                        ins = tuple(isinstance(a, relax.Var) and a in chosen for a in call.args[1].fields)
+                        out = b.var in chosen
+                        gv = self._kernel(call.args[0], ins, out)
+                        ty = call.ty_args[0]
+                        if out:
+                            ty = relax.TensorType(ty.shape, self.dtype)
+                        value = relax.call_tir(gv, relax.Tuple(args), ty)
+                    remap[b.var] = bb.emit(value, name_hint=b.var.name)
+                result = bb.emit_output(sub(func.body.body))
+            bb.emit_func_output(result)
+        return bb.get()[name]
+
+    def _kernel(self, gv, ins, out):
+        if not any(ins) and not out:
+            return gv
+        key = (gv.name_hint, ins, out)
+        if key not in self.clones:
+            func = self.mod[gv]
+            n_in = len(ins)
+            buffers = [p for p, flag in zip(func.params, ins) if flag] + ([func.params[n_in]] if out else [])
+            new = _store_sixteen_bit(func, buffers, self.dtype)
+            suffix = "".join("h" if f else "f" for f in ins) + ("h" if out else "f")
+            new_gv = self.builder.add_func(new, f"{gv.name_hint}_{suffix}")
+            self.clones[key] = new_gv
+            self.summary["kernels"][new_gv.name_hint] = {
+                "from": gv.name_hint, "inputs": [self.dtype if f else str(p.ty.dtype)
+                                                 for f, p in zip(ins, func.params)],
+                "output": self.dtype if out else str(func.params[n_in].ty.dtype)}
+        return self.clones[key]
+
+
+def _convertible(func, buf, output: bool) -> bool:
+    """Whether ``buf`` (a float32 parameter of ``func``) is used by plain loads and stores only, and, for an
+    output, never read back."""
+    if not isinstance(buf.ty, tirx.BufferType) or str(buf.ty.dtype) != "float32":
+        return False
+    bad = []
+
+    def on_load(load):
+        if load.source.same_as(buf) and output:
+            bad.append("read back")
+
+    def on_call(call):
+        # an address of the buffer handed to a packed/extern call
+        for a in getattr(call, "args", ()):
+            if isinstance(a, tvm.ir.TensorLoad) and a.source.same_as(buf):
+                bad.append("address taken")
+
+    def on_match(match):
+        # a region of the buffer viewed as another buffer (of its own dtype): left in float32
+        tvm_ffi.structural_walk(match.source, (tvm.ir.Var, lambda v: bad.append("matched") if v.same_as(buf)
+                                               else None))
+
+    tvm_ffi.structural_walk(func.body, [(tvm.ir.TensorLoad, on_load), (tvm.ir.expr.Call, on_call),
+                                        (s_tir.MatchBufferRegion, on_match)])
+    return not bad
+
+
+def _retyped(var, dtype):
+    t = var.ty
+    return tvm.ir.Var(var.name, tirx.BufferType(dtype, t.storage_scope, t.shape, t.strides, t.elem_offset,
+                                                 t.data_alignment, t.offset_factor, t.layout, t.allocated_addr))
+
+
+def _expr_dtype(expr) -> str:
+    ty = getattr(expr, "ty", None)
+    return str(ty.dtype) if ty is not None and hasattr(ty, "dtype") else str(expr.dtype)
+
+
+def _with_base(dtype: str, base: str) -> str:
+    lanes = dtype.split("x")[1] if "x" in dtype else None
+    return f"{base}x{lanes}" if lanes else base
+
+
+def _store_sixteen_bit(func: tirx.PrimFunc, buffers, dtype: str) -> tirx.PrimFunc:
+    """``func`` with ``buffers`` (float32 parameters) held in ``dtype``: loads converted up, stores down."""
+    new = {b: _retyped(b, dtype) for b in buffers}
+
+    def find(buf):
+        for old, nb in new.items():
+            if buf.same_as(old):
+                return nb
+        return None
+
+    def on_load(load):
+        nb = find(load.source)
+        if nb is None:
+            return load
+        wide = _expr_dtype(load)
+        narrow = tirx.BufferLoad(nb, list(load.indices))
+        return tirx.Cast(_with_base(wide, "float32"), narrow)
+
+    def on_store(store):
+        nb = find(store.buffer)
+        if nb is None:
+            return store
+        value = store.value
+        return tirx.BufferStore(nb, tirx.Cast(_with_base(_expr_dtype(value), dtype), value), list(store.indices))
+
+    body = tvm_ffi.structural_map(func, [(tvm.ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
+
+    def on_var(v):
+        nb = find(v)
+        return v if nb is None else nb
+
+    mapped = tvm_ffi.structural_map(body, (tvm.ir.Var, on_var))
+    # rebuilt, not mapped: the function's signature type is derived from its parameters at construction
+    return tirx.PrimFunc(list(mapped.params), mapped.body, func.ret_type, func.attrs)
