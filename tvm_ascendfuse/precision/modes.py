@@ -27,18 +27,28 @@ MODES = {
 DEFAULT_MODE = "must_keep_origin_dtype"
 
 # Op-name fragments of what mixed precision keeps in float32 (CANN's keep-lists: softmax, norms, reductions,
-# exp/log); a kernel holding one stores its output in float32. Shared by the host's storage (after
-# scheduling) and the NPU traffic model (after grouping).
-FP32_KEEP = ("softmax", "norm", "mean", "sum", "variance", "relax.max", "relax.min", "exp", "log", "std",
-             "cumsum", "prod")
+# exp/log). A kernel's output has the dtype of the op that computes it: a kernel whose last op (layout ops
+# skipped: they keep their input's dtype) is one of these stores its output in float32; a softmax inside an
+# attention kernel never reaches GM. Shared by the host's storage (after scheduling) and the NPU traffic
+# model (after grouping).
+FP32_KEEP = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm",
+                       "instance_norm", "mean", "sum", "variance", "std", "max", "min", "prod", "exp", "log",
+                       "cumsum"})
+LAYOUT_OPS = frozenset({"reshape", "permute_dims", "squeeze", "expand_dims", "flatten", "strided_slice", "split",
+                        "concat", "broadcast_to", "layout_transform"})
+
+
+def _bare(op) -> str:
+    return str(op).split(".")[-1]
 
 
 def keeps_fp32(ops) -> str | None:
-    """The first op of a kernel (its source op names) that mixed precision keeps in float32, or None."""
-    for op in ops or ():
-        name = str(op)
-        if any(k in name for k in FP32_KEEP):
-            return name
+    """The op (source op names of a kernel, in order) whose float32 output mixed precision keeps, or None."""
+    for op in reversed(list(ops or ())):
+        name = _bare(op)
+        if name in LAYOUT_OPS:
+            continue
+        return str(op) if name in FP32_KEEP else None
     return None
 
 

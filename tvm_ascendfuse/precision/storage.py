@@ -61,13 +61,12 @@ class SixteenBitStoragePass(PyPass):
                 new = rewrite.function(func, gv.name_hint)
                 if new is not None:
                     updates[gv] = new
-        if not updates:
-            return mod
         for gv, func in updates.items():
             builder.update_func(gv, func)
-        out = relax.transform.DeadCodeElimination()(builder.get())
+        out = relax.transform.DeadCodeElimination()(builder.get()) if updates else mod
         self.report.sections["precision"] = summary
         _rename_rows(self.report, summary["kernels"], Counter(launched_kernels(out)))
+        _precision_rows(self.report, out)
         return out
 
 
@@ -85,6 +84,17 @@ def _rename_rows(report, copies: dict, launches: Counter) -> None:
                    precision={"compute": "float32", "inputs": info["inputs"], "output": info["output"]})
         out.append(row)
     report.kernels[:] = out
+
+
+def _precision_rows(report, mod) -> None:
+    """Every kernel row of a 16-bit build says what it computes in and the dtypes it reads and writes."""
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    for row in report.kernels:
+        func = funcs.get(row["name"])
+        if "precision" in row or func is None:
+            continue
+        dtypes = [str(p.ty.dtype) for p in func.params if isinstance(p.ty, tirx.BufferType)]
+        row["precision"] = {"compute": "float32", "inputs": dtypes[:-1], "output": dtypes[-1] if dtypes else None}
 
 
 def _tensor_dtype(ty) -> str | None:

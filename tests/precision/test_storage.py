@@ -1,0 +1,204 @@
+"""SixteenBitStoragePass: tensors between kernels in 16 bits, kernels computing in float32, numbers checked
+against float32 numpy by the output's scale and cosine."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.script import tirx as T
+
+import tvm_ascendfuse as af
+from tvm_ascendfuse.precision import storage
+from tvm_ascendfuse.precision.round_weights import round_to
+from tests.helpers import run_vm
+
+
+def _block(dtype="float32", seed=0):
+    """matmul -> relu -> matmul -> softmax -> matmul: kernels of three rules, tensors between them."""
+    rng = np.random.default_rng(seed)
+    ws = [(rng.standard_normal((64, 64)) / 8).astype(dtype) for _ in range(3)]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((32, 64), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = relax.op.nn.relu(relax.op.matmul(x, relax.const(ws[0])))
+            p = relax.op.nn.softmax(relax.op.matmul(h, relax.const(ws[1])))
+            out = bb.emit_output(relax.op.matmul(p, relax.const(ws[2])))
+        bb.emit_func_output(out)
+    return bb.get(), [w.astype("float32") for w in ws]
+
+
+def _reference(x, ws, rounding=None):
+    """float32 numpy; ``rounding`` applied where the build stores a tensor between kernels."""
+    r = rounding or (lambda a: a)
+    h = r(np.maximum(x @ ws[0], 0))
+    s = h @ ws[1]
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return r(e / e.sum(-1, keepdims=True)) @ ws[2]
+
+
+def _cosine(a, b):
+    a, b = a.astype("float64").ravel(), b.astype("float64").ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _intermediate_dtypes(mod):
+    out = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_tir":
+                out.append(str(b.var.ty.dtype))
+    return out
+
+
+def test_fp16_model_stores_fp16_between_kernels():
+    mod, ws = _block("float16")
+    res = af.compile_model(mod, portable=True)
+    dtypes = _intermediate_dtypes(res.scheduled_module)
+    assert dtypes and all(d == "float16" for d in dtypes), dtypes
+    section = res.report.sections["precision"]
+    assert section["dtype"] == "float16" and section["mode"] == "must_keep_origin_dtype"
+    # every launched kernel has a report row; the 16-bit copies say what they read and write
+    rows = {k["name"]: k for k in res.report.kernels}
+    launched = [b.value.args[0].name_hint for block in res.scheduled_module["main"].body.blocks
+                for b in block.bindings if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_tir"]
+    assert set(launched) <= set(rows)
+    assert any(rows[n].get("precision", {}).get("output") == "float16" and "float16" in
+               rows[n]["precision"]["inputs"] for n in launched)
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype("float16")
+    got = run_vm(res.executable, [x]).astype("float32")
+    want = _reference(x.astype("float32"), ws)
+    assert got.dtype == np.float32 and np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+    assert _cosine(got, want) >= 0.9999
+
+
+def test_kernels_convert_in_their_vector_loops():
+    """The 16-bit loads sit in the rules' vectorised loops (one vector conversion, not a scalar loop)."""
+    import tvm_ffi
+
+    mod, _ = _block("float16")
+    res = af.compile_model(mod, portable=True)
+    found = {}
+
+    def on_for(loop):
+        if loop.kind != tirx.ForKind.VECTORIZED:
+            return
+
+        def on_load(load):
+            if str(load.source.ty.dtype) == "float16":
+                found[name] = True
+
+        tvm_ffi.structural_walk(loop.body, (tvm.ir.TensorLoad, on_load))
+
+    for gv, f in res.scheduled_module.functions.items():
+        if isinstance(f, tirx.PrimFunc) and any(str(p.ty.dtype) == "float16" for p in f.params):
+            name = gv.name_hint
+            tvm_ffi.structural_walk(f.body, (tirx.For, on_for))
+    matmuls = [n for n in found if "matmul" in n]
+    assert matmuls, f"no 16-bit load inside a vectorised loop of a matmul kernel: {sorted(found)}"
+
+
+@pytest.mark.parametrize("mode,dtype,min_cos", [("force_fp16", "float16", 0.9995), ("force_bf16", "bfloat16", 0.995),
+                                                ("allow_mix_precision", "float16", 0.9995)])
+def test_float32_model_under_a_16bit_mode(mode, dtype, min_cos):
+    mod, ws = _block("float32")
+    res = af.compile_model(mod, portable=True, precision_mode=mode)
+    dtypes = _intermediate_dtypes(res.scheduled_module)
+    assert dtypes[-1] == "float32"                       # the model's output keeps its dtype
+    assert dtype in dtypes
+    x = np.random.default_rng(2).standard_normal((32, 64)).astype("float32")
+    got = run_vm(res.executable, [x])
+    rounded = [round_to(w, dtype) for w in ws]
+    want = _reference(x, ws)
+    assert _cosine(got, want) >= min_cos
+    # closer to the computation with the NPU's 16-bit weights and tensors than the float32 one is
+    want16 = _reference(x, rounded, lambda a: round_to(a, dtype))
+    assert np.abs(got - want16).max() <= 2e-2 * np.abs(want16).max()
+    traffic = res.report.sections["traffic"]
+    assert traffic["gm_storage_dtype"] == dtype
+
+
+def test_mixed_precision_keeps_norm_output_fp32():
+    """A post-norm block: the kernel ending in LayerNorm writes float32 under allow_mix_precision, fp16 under
+    force_fp16; both agree with the float32 build."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((32, 64), "float32"))
+    w = relax.const((rng.standard_normal((64, 64)) / 8).astype("float32"))
+    gamma, beta = relax.const(np.ones(64, "float32")), relax.const(np.zeros(64, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = relax.op.add(x, relax.op.nn.gelu(relax.op.matmul(x, w)))
+            n = relax.op.nn.layer_norm(h, gamma, beta, axes=[-1])
+            out = bb.emit_output(relax.op.add(n, relax.op.nn.gelu(relax.op.matmul(n, w))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    mixed = af.compile_model(mod, portable=True, precision_mode="allow_mix_precision")
+    forced = af.compile_model(mod, portable=True, precision_mode="force_fp16")
+    kept = mixed.report.sections["precision"]["kept_fp32"]
+    assert kept and all("layer_norm" in k["op"] for k in kept), [k.get("ops") for k in mixed.report.kernels]
+    assert not forced.report.sections["precision"]["kept_fp32"]
+    assert "float32" in _intermediate_dtypes(mixed.scheduled_module)[:-1]
+    assert "float32" not in _intermediate_dtypes(forced.scheduled_module)[:-1]
+    x = rng.standard_normal((32, 64)).astype("float32")
+    ref = run_vm(af.compile_model(mod, portable=True).executable, [x])
+    for res in (mixed, forced):
+        assert _cosine(run_vm(res.executable, [x]), ref) >= 0.9995
+
+
+def test_keep_list_reads_the_kernels_last_op():
+    from tvm_ascendfuse.precision.modes import keeps_fp32
+
+    assert keeps_fp32(["matmul", "add", "layer_norm"]) == "layer_norm"
+    assert keeps_fp32(["mean", "reshape"]) == "mean"              # layout ops keep their input's dtype
+    assert keeps_fp32(["matmul", "softmax", "matmul"]) is None     # the softmax never reaches GM
+    assert keeps_fp32(["max_pool2d"]) is None
+
+
+def test_gm_bytes_about_half():
+    mod, _ = _block("float32")
+    fp32 = af.compile_model(mod, portable=True).report.sections["traffic"]["ours"]["gm_bytes"]
+    fp16 = af.compile_model(mod, portable=True, precision_mode="force_fp16").report.sections["traffic"]["ours"]
+    # input x and output stay float32 (the signature's dtypes): a little over half
+    assert 0.5 * fp32 <= fp16["gm_bytes"] <= 0.62 * fp32
+
+
+def test_float32_build_unchanged():
+    mod, _ = _block("float32")
+    res = af.compile_model(mod, portable=True)
+    assert "precision" not in res.report.sections
+    assert all(d == "float32" for d in _intermediate_dtypes(res.scheduled_module))
+    assert "gm_storage_dtype" not in res.report.sections["traffic"]
+
+
+@T.prim_func(private=True)
+def _accumulates_in_output(a: T.Buffer((8, 8), "float32"), out: T.Buffer((8,), "float32")):
+    for i, j in T.grid(8, 8):
+        if j == 0:
+            out[i] = T.float32(0)
+        out[i] = out[i] + a[i, j]
+
+
+@T.prim_func(private=True)
+def _plain(a: T.Buffer((8, 8), "float32"), out: T.Buffer((8,), "float32")):
+    for i in range(8):
+        out[i] = a[i, 0] * T.float32(2)
+
+
+def test_output_read_back_stays_float32():
+    f = _accumulates_in_output
+    assert not storage._convertible(f, f.params[1], output=True)       # would accumulate in 16 bits
+    assert storage._convertible(f, f.params[0], output=False)
+    g = _plain
+    assert storage._convertible(g, g.params[1], output=True)
+
+
+def test_store_sixteen_bit_rewrites_loads_and_stores():
+    g = _plain
+    new = storage._store_sixteen_bit(g, [g.params[0], g.params[1]], "float16")
+    assert [str(p.ty.dtype) for p in new.params] == ["float16", "float16"]
+    ex = tvm.compile(tvm.IRModule({"main": new.with_attr("global_symbol", "main")}), target="llvm")
+    a = np.random.default_rng(0).standard_normal((8, 8)).astype("float16")
+    out = tvm.runtime.tensor(np.zeros(8, "float16"))
+    ex["main"](tvm.runtime.tensor(a), out)
+    np.testing.assert_array_equal(out.numpy(), (a[:, 0].astype("float32") * 2).astype("float16"))
