@@ -194,3 +194,31 @@ def test_store_sixteen_bit_rewrites_loads_and_stores():
     out = tvm.runtime.tensor(np.zeros(8, "float16"))
     ex["main"](tvm.runtime.tensor(a), out)
     np.testing.assert_array_equal(out.numpy(), (a[:, 0].astype("float32") * 2).astype("float16"))
+
+
+def _host_has_f16c() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " f16c" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _host_has_f16c(), reason="the host has no F16C conversions")
+def test_host_build_converts_with_vector_instructions():
+    """Built for this CPU, the 16-bit loads and stores of a GEMM kernel are AVX-512 F16C conversions of whole
+    vectors, not calls of the scalar conversion helpers."""
+    import re
+
+    mod, _ = _block("float16")
+    res = af.compile_model(mod, portable=False)
+    checked = 0
+    for gv, f in res.scheduled_module.functions.items():
+        if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint \
+                and any(str(p.ty.dtype) == "float16" for p in f.params):
+            lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target=res.host_target)
+            asm = lib.mod.inspect_source("asm")
+            assert re.search(r"vcvtph2ps\s+[^\n]*[xyz]mm", asm) and re.search(r"vcvtps2ph\s+[^\n]*[xyz]mm", asm)
+            assert not re.search(r"call\s+[^\n]*(__extendhfsf2|__truncsfhf2)", asm), gv.name_hint
+            checked += 1
+    assert checked
