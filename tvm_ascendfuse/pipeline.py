@@ -155,9 +155,10 @@ class AscendFusePipeline(PyPass):
 
     def __init__(self, target: AscendTarget | str | None = None, switches=None,
                  report: FusionReport | None = None, traffic_baseline: bool = False, rules=None,
-                 precision_mode: str | None = None):
+                 precision_mode: str | None = None, precision_keep=()):
         self._target_spec = target
         self._precision_mode = precision_mode
+        self._precision_keep = frozenset(precision_keep)
         self._switch_spec = switches
         self.traffic_baseline = traffic_baseline
         self.rules = rules
@@ -177,7 +178,7 @@ class AscendFusePipeline(PyPass):
             tvm_target = target.host_target()
         switches = resolve_switches(self._switch_spec).with_pass_context()
         self.report.target_name = target.name
-        self.plan = PrecisionPlan(resolve_mode(self._precision_mode, target))
+        self.plan = PrecisionPlan(resolve_mode(self._precision_mode, target), keep_kernels=self._precision_keep)
         return target, switches, tvm_target
 
     def phases(self, target, switches, tvm_target, forbidden=()):

@@ -346,7 +346,8 @@ def bisect(result, inputs, func: str = "main") -> dict:
         shown.close()
     if found:
         return {"first_bad_kernel": found, "kernels_checked": found["index"] + 1}
-    return {"first_bad_kernel": None, "kernels_checked": len(plan),
+    return {"first_bad_kernel": None, "kernels_checked": len(plan), "worst_kernel": worst.get("kernel"),
+            "worst_max_rel": worst["max_rel"],
             "note": "every kernel matches its unscheduled form on its own inputs; the difference builds up across "
                     f"kernels (largest relative error in {worst.get('kernel')}: {worst['max_rel']:.3g})"}
 

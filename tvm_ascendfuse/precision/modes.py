@@ -59,6 +59,7 @@ class PrecisionPlan:
 
     mode: str = DEFAULT_MODE
     model_dtypes: set = field(default_factory=set)
+    keep_kernels: frozenset = frozenset()   # kernels whose outputs stay float32 (precision repair)
 
     @property
     def storage_dtype(self) -> str | None:

@@ -15,7 +15,8 @@ A tensor stays float32 when:
 * its producer reads its output buffer back (accumulates in place): it would accumulate in 16 bits;
 * a kernel uses the buffer other than by plain loads and stores (an address passed to a packed call, a
   region matched as a buffer of its own);
-* the mode keeps the producer's ops in float32 (mixed modes: softmax, norms, reductions, exp/log).
+* the mode keeps the producer's ops in float32 (mixed modes: softmax, norms, reductions, exp/log);
+* precision repair measured the producer's 16-bit output drifting (``plan.keep_kernels``, ``repair.py``).
 
 A kernel called with different storage at different call sites gets one copy per combination.
 """
@@ -57,7 +58,8 @@ class SixteenBitStoragePass(PyPass):
         updates = {}
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
-                rewrite = _Rewrite(mod, builder, dtype, ops if self.plan.keeps_fp32_ops else None, summary)
+                rewrite = _Rewrite(mod, builder, dtype, ops if self.plan.keeps_fp32_ops else None, summary,
+                                   self.plan.keep_kernels)
                 new = rewrite.function(func, gv.name_hint)
                 if new is not None:
                     updates[gv] = new
@@ -109,8 +111,9 @@ def _call_tir(value):
 
 
 class _Rewrite:
-    def __init__(self, mod, builder, dtype, kernel_ops, summary):
+    def __init__(self, mod, builder, dtype, kernel_ops, summary, keep_kernels=frozenset()):
         self.mod, self.builder, self.dtype, self.kernel_ops, self.summary = mod, builder, dtype, kernel_ops, summary
+        self.keep_kernels = keep_kernels
         self.clones = {}            # (kernel name, signature) -> GlobalVar
 
     def function(self, func: relax.Function, name: str):
@@ -140,6 +143,10 @@ class _Rewrite:
             n_in = len(call.args[1].fields)
             if len(kernel.params) != n_in + 1:
                 continue            # several outputs: left alone
+            if call.args[0].name_hint in self.keep_kernels:
+                self.summary["kept_fp32"].append({"tensor": var.name, "kernel": call.args[0].name_hint,
+                                                  "op": None, "why": "repair"})
+                continue
             if self.kernel_ops is not None:
                 kept = keeps_fp32(self.kernel_ops.get(call.args[0].name_hint))
                 if kept is not None:
