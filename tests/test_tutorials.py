@@ -18,7 +18,7 @@ def _run(script, *args, cwd):
 
 def test_all_tutorials_are_tested():
     tested = {"01_conv_bn_relu.py", "02_llama_block.py", "03_passes_and_pipeline.py", "04_custom_pattern.py",
-              "05_tuning.py", "06_from_pytorch.py", "07_html_report.py"}
+              "05_tuning.py", "06_from_pytorch.py", "07_html_report.py", "08_precision_modes.py"}
     assert {p.name for p in (ROOT / "tutorials").glob("*.py")} == tested
 
 
@@ -66,3 +66,8 @@ def test_html_report_tutorial_small(tmp_path):
                "--out", str(tmp_path), cwd=tmp_path)
     assert "after it 3 kernel boxes" in out and "tutorial checks: OK" in out
     assert (tmp_path / "fusion_report.html").is_file()
+
+
+def test_precision_modes_tutorial_small():
+    out = _run("08_precision_modes.py", "--seq", "16", "--hidden", "64", "--heads", "4", "--ffn", "128", cwd=ROOT)
+    assert out.count("cosine") == 3 and "allow_mix_precision" in out and "tutorial checks: OK" in out

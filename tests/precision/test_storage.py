@@ -63,6 +63,9 @@ def test_fp16_model_stores_fp16_between_kernels():
     launched = [b.value.args[0].name_hint for block in res.scheduled_module["main"].body.blocks
                 for b in block.bindings if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_tir"]
     assert set(launched) <= set(rows)
+    # the model's entry conversion (fp16 -> float32) became a copy in fp16 and was dropped
+    assert res.report.sections["precision"]["dropped_copies"] and not any(
+        rows[n]["ops"] == ["cast"] for n in launched)
     assert any(rows[n].get("precision", {}).get("output") == "float16" and "float16" in
                rows[n]["precision"]["inputs"] for n in launched)
     x = np.random.default_rng(1).standard_normal((32, 64)).astype("float16")

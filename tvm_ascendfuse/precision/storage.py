@@ -18,7 +18,9 @@ A tensor stays float32 when:
 * the mode keeps the producer's ops in float32 (mixed modes: softmax, norms, reductions, exp/log);
 * precision repair measured the producer's 16-bit output drifting (``plan.keep_kernels``, ``repair.py``).
 
-A kernel called with different storage at different call sites gets one copy per combination.
+A kernel called with different storage at different call sites gets one copy per combination. A kernel that
+only converts between the storage dtype and float32 (a model in fp16: on entry and exit) becomes a copy and
+is dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
+import re
 from collections import Counter
 
 from ..analysis.kernels import launched_kernels
@@ -52,13 +55,13 @@ class SixteenBitStoragePass(PyPass):
         if dtype is None:
             return mod
         ops = {k["name"]: k.get("ops") for k in self.report.kernels}
-        summary = {"dtype": dtype, "mode": self.plan.mode, "kernels": {}, "kept_fp32": []}
+        summary = {"dtype": dtype, "mode": self.plan.mode, "kernels": {}, "kept_fp32": [], "dropped_copies": []}
         # the kernels' copies are added through one builder so their GlobalVars carry their signatures
         builder = relax.BlockBuilder(mod)
         updates = {}
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
-                rewrite = _Rewrite(mod, builder, dtype, ops if self.plan.keeps_fp32_ops else None, summary,
+                rewrite = _Rewrite(mod, builder, dtype, ops, self.plan.keeps_fp32_ops, summary,
                                    self.plan.keep_kernels)
                 new = rewrite.function(func, gv.name_hint)
                 if new is not None:
@@ -67,25 +70,46 @@ class SixteenBitStoragePass(PyPass):
             builder.update_func(gv, func)
         out = relax.transform.DeadCodeElimination()(builder.get()) if updates else mod
         self.report.sections["precision"] = summary
+        # the traffic table names kernels as the grouping did (before the schedule phase renamed them)
+        grouped = {r["name"]: r.get("source_name", r["name"]) for r in self.report.kernels}
+        _drop_from_traffic(self.report, [grouped.get(n, n) for n in summary["dropped_copies"]])
         _rename_rows(self.report, summary["kernels"], Counter(launched_kernels(out)))
         _precision_rows(self.report, out)
         return out
 
 
 def _rename_rows(report, copies: dict, launches: Counter) -> None:
-    """Report rows for the kernels' 16-bit copies (the original row, its name, its GM dtypes, its launches);
-    rows of kernels no longer launched are dropped."""
-    rows = {r["name"]: r for r in report.kernels}
+    """Report rows for the kernels' 16-bit copies, each after the row it copies (the original row, its name,
+    its GM dtypes, its launches); rows of kernels no longer launched are dropped."""
+    by_source: dict = {}
+    for name, info in copies.items():
+        by_source.setdefault(info["from"], []).append((name, info))
     out = []
     for r in report.kernels:
         if launches.get(r["name"]):
             out.append(dict(r, launches=launches[r["name"]]))
-    for name, info in copies.items():
-        row = dict(rows.get(info["from"], {"name": info["from"]}))
-        row.update(name=name, source_kernel=info["from"], launches=launches.get(name, 0),
-                   precision={"compute": "float32", "inputs": info["inputs"], "output": info["output"]})
-        out.append(row)
+        for name, info in by_source.get(r["name"], []):
+            row = dict(r)
+            row.update(name=name, source_kernel=info["from"], launches=launches.get(name, 0),
+                       precision={"compute": "float32", "inputs": info["inputs"], "output": info["output"]})
+            out.append(row)
     report.kernels[:] = out
+
+
+def _drop_from_traffic(report, dropped: list) -> None:
+    """The traffic table without the launches of the conversion kernels dropped here (counted before)."""
+    sec = report.sections.get("traffic") or {}
+    rows, ours = sec.get("kernels") or {}, sec.get("ours")
+    for name in dropped:
+        row = rows.get(name)
+        if row is None or ours is None or row.get("launches", 0) <= 0:
+            continue
+        row["launches"] -= 1
+        ours["launches"] -= 1
+        ours["gm_bytes"] -= row["gm_bytes"]
+        ours["modeled_time_us"] = round(ours["modeled_time_us"] - row["modeled_time_us"], 3)
+        if row["launches"] == 0:
+            del rows[name]
 
 
 def _precision_rows(report, mod) -> None:
@@ -97,6 +121,12 @@ def _precision_rows(report, mod) -> None:
             continue
         dtypes = [str(p.ty.dtype) for p in func.params if isinstance(p.ty, tirx.BufferType)]
         row["precision"] = {"compute": "float32", "inputs": dtypes[:-1], "output": dtypes[-1] if dtypes else None}
+
+
+def static_shape_of(var):
+    ty = var.ty
+    shape = getattr(ty, "shape", None)
+    return None if shape is None else tuple(str(d) for d in shape)
 
 
 def _tensor_dtype(ty) -> str | None:
@@ -111,9 +141,9 @@ def _call_tir(value):
 
 
 class _Rewrite:
-    def __init__(self, mod, builder, dtype, kernel_ops, summary, keep_kernels=frozenset()):
+    def __init__(self, mod, builder, dtype, kernel_ops, keep_ops, summary, keep_kernels=frozenset()):
         self.mod, self.builder, self.dtype, self.kernel_ops, self.summary = mod, builder, dtype, kernel_ops, summary
-        self.keep_kernels = keep_kernels
+        self.keep_ops, self.keep_kernels = keep_ops, keep_kernels
         self.clones = {}            # (kernel name, signature) -> GlobalVar
 
     def function(self, func: relax.Function, name: str):
@@ -147,7 +177,7 @@ class _Rewrite:
                 self.summary["kept_fp32"].append({"tensor": var.name, "kernel": call.args[0].name_hint,
                                                   "op": None, "why": "repair"})
                 continue
-            if self.kernel_ops is not None:
+            if self.keep_ops:
                 kept = keeps_fp32(self.kernel_ops.get(call.args[0].name_hint))
                 if kept is not None:
                     self.summary["kept_fp32"].append({"tensor": var.name, "kernel": call.args[0].name_hint,
@@ -181,6 +211,10 @@ class _Rewrite:
             with bb.dataflow():
                 for b in bindings:
                     call = producers.get(b.var)
+                    if call is not None and self._copy_in_storage(call, b.var, chosen):
+                        remap[b.var] = sub(call.args[1].fields[0])
+                        self.summary["dropped_copies"].append(call.args[0].name_hint)
+                        continue
                     if call is None:
                         value = sub(b.value)
                     else:
@@ -196,6 +230,18 @@ class _Rewrite:
                 result = bb.emit_output(sub(func.body.body))
             bb.emit_func_output(result)
         return bb.get()[name]
+
+    def _copy_in_storage(self, call, var, chosen) -> bool:
+        """A kernel that only converts its one input between the storage dtype and float32, when both its input
+        and its output are stored in 16 bits: a copy (the conversions a model in fp16 gets on entry and exit,
+        ``Float32ComputePass``), dropped."""
+        ops = self.kernel_ops.get(call.args[0].name_hint) or []
+        args = call.args[1].fields
+        if len(ops) != 1 or not re.fullmatch(r"cast\d*", str(ops[0]).split(".")[-1]) or len(args) != 1:
+            return False
+        src = args[0]
+        stored = lambda v: isinstance(v, relax.Var) and (v in chosen or _tensor_dtype(v.ty) == self.dtype)
+        return stored(src) and stored(var) and static_shape_of(src) == static_shape_of(var)
 
     def _kernel(self, gv, ins, out):
         if not any(ins) and not out:
