@@ -168,9 +168,11 @@ def test_fp16_model_verifies_against_onnxruntime(tmp_path, capsys):
     path = tmp_path / "llama16.onnx"
     onnx.save(_fp16_onnx(SMALL["W7"]()), str(path))
     out = tmp_path / "o"
-    assert main(["compile", str(path), "-o", str(out), "--portable", "--verify", "--no-traffic-baseline"]) == 0
+    assert main(["compile", str(path), "-o", str(out), "--portable", "--verify", "--no-traffic-baseline",
+                 "--html"]) == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "fusion_result.json").read_text())
+    assert "GM dtypes (in → out)" in (out / "fusion_report.html").read_text()
     o = report["verify"]["outputs"][0]
     assert report["verify"]["ok"] and o["cosine"] >= 0.999 and o["dtype"] == "float16/float16"
     assert "cosine" in printed and "GM dtypes" in printed and "f16" in printed

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from .errors import AscendFuseError
-from .precision.modes import MODES
+from .precision.modes import MODES, short_dtypes
 
 EXIT_USER_ERROR = 2
 EXIT_MISMATCH = 1
@@ -92,16 +92,12 @@ def summary_text(report: dict) -> str:
     return "\n\n".join(out)
 
 
-_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-
-
 def precision_cell(kernel: dict) -> str:
     """A kernel's GM dtypes (it computes in float32 on the host), e.g. ``f16,f32 -> f16``."""
     p = kernel.get("precision")
     if not p:
         return "f32"
-    short = [_SHORT.get(d, d) for d in p["inputs"]]
-    return f"{','.join(short)} -> {_SHORT.get(p['output'], p['output'])}"
+    return f"{','.join(short_dtypes(p['inputs']))} -> {short_dtypes([p['output']])[0]}"
 
 
 def traffic_text(report: dict) -> str:

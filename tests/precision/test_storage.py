@@ -225,3 +225,26 @@ def test_host_build_converts_with_vector_instructions():
             assert not re.search(r"call\s+[^\n]*(__extendhfsf2|__truncsfhf2)", asm), gv.name_hint
             checked += 1
     assert checked
+
+
+def test_kernel_with_two_outputs_reads_fp16():
+    """A kernel with two outputs (left in float32) whose input is stored in fp16 is rebuilt with its tuple of
+    result types (the LLaMA decoder's RoPE kernel)."""
+    rng = np.random.default_rng(0)
+    w = relax.const((rng.standard_normal((64, 64)) / 8).astype("float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((32, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w)))
+            parts = bb.emit(relax.op.split(h, 2, axis=1))
+            a = relax.op.exp(relax.TupleGetItem(parts, 0))
+            b = relax.op.sigmoid(relax.TupleGetItem(parts, 1))
+            w2 = relax.const((rng.standard_normal((32, 64)) / 8).astype("float32"))
+            out = bb.emit_output(relax.op.concat([relax.op.matmul(a, w2), relax.op.matmul(b, w2)], axis=1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    res = af.compile_model(mod, portable=True, precision_mode="force_fp16")
+    xv = rng.standard_normal((32, 64)).astype("float32")
+    ref = run_vm(af.compile_model(mod, portable=True).executable, [xv])
+    assert _cosine(run_vm(res.executable, [xv]), ref) >= 0.999

@@ -86,3 +86,11 @@ def resolve_mode(mode: str | None, target) -> str:
         raise PrecisionModeError(f"precision mode '{name}' needs bfloat16, which target '{target.name}' does not "
                                  "have; use force_fp16 or allow_mix_precision")
     return name
+
+
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def short_dtypes(dtypes) -> list:
+    """``float16`` -> ``f16`` and so on, for tables."""
+    return [_SHORT.get(str(d), str(d)) for d in dtypes]

@@ -55,7 +55,8 @@ class SixteenBitStoragePass(PyPass):
         if dtype is None:
             return mod
         ops = {k["name"]: k.get("ops") for k in self.report.kernels}
-        summary = {"dtype": dtype, "mode": self.plan.mode, "kernels": {}, "kept_fp32": [], "dropped_copies": []}
+        summary = {"dtype": dtype, "mode": self.plan.mode, "kernels": {}, "kept_fp32": [], "dropped_copies": [],
+                   "left_fp32": Counter()}   # tensors between kernels the host keeps in float32, by reason
         # the kernels' copies are added through one builder so their GlobalVars carry their signatures
         builder = relax.BlockBuilder(mod)
         updates = {}
@@ -69,6 +70,7 @@ class SixteenBitStoragePass(PyPass):
         for gv, func in updates.items():
             builder.update_func(gv, func)
         out = relax.transform.DeadCodeElimination()(builder.get()) if updates else mod
+        summary["left_fp32"] = dict(summary["left_fp32"])
         self.report.sections["precision"] = summary
         # the traffic table names kernels as the grouping did (before the schedule phase renamed them)
         grouped = {r["name"]: r.get("source_name", r["name"]) for r in self.report.kernels}
@@ -166,28 +168,35 @@ class _Rewrite:
         relax.analysis.post_order_visit(func.body.body, lambda e: uses.setdefault(e, []).append(None)
                                         if isinstance(e, relax.Var) else None)
         chosen = set()
+        left = self.summary["left_fp32"]
         for var, call in producers.items():
-            if _tensor_dtype(var.ty) != "float32" or not uses.get(var) or any(u is None for u in uses[var]):
+            if _tensor_dtype(var.ty) != "float32" or not uses.get(var):
+                continue
+            kname = call.args[0].name_hint
+            if any(u is None for u in uses[var]):
+                left["read by other than a kernel (model output, view)"] += 1
                 continue
             kernel = self.mod[call.args[0]]
             n_in = len(call.args[1].fields)
             if len(kernel.params) != n_in + 1:
-                continue            # several outputs: left alone
-            if call.args[0].name_hint in self.keep_kernels:
-                self.summary["kept_fp32"].append({"tensor": var.name, "kernel": call.args[0].name_hint,
-                                                  "op": None, "why": "repair"})
+                left["an output of a kernel with several"] += 1
+                continue
+            if kname in self.keep_kernels:
+                self.summary["kept_fp32"].append({"tensor": var.name, "kernel": kname, "op": None, "why": "repair"})
                 continue
             if self.keep_ops:
-                kept = keeps_fp32(self.kernel_ops.get(call.args[0].name_hint))
+                kept = keeps_fp32(self.kernel_ops.get(kname))
                 if kept is not None:
-                    self.summary["kept_fp32"].append({"tensor": var.name, "kernel": call.args[0].name_hint,
-                                                      "op": kept})
+                    self.summary["kept_fp32"].append({"tensor": var.name, "kernel": kname, "op": kept})
                     continue
             if not _convertible(kernel, kernel.params[n_in], output=True):
+                left["its kernel reads its output back (accumulates in it)"] += 1
                 continue
             if all(_convertible(self.mod[producers[user].args[0]], self.mod[producers[user].args[0]].params[i],
                                 output=False) for user, i in uses[var]):
                 chosen.add(var)
+            else:
+                left["a reader uses the buffer other than by loads"] += 1
         if not chosen:
             return None
         return self._emit(func, name, bindings, producers, chosen)
@@ -225,6 +234,8 @@ class _Rewrite:
                         ty = call.ty_args[0]
                         if out:
                             ty = relax.TensorType(ty.shape, self.dtype)
+                        elif isinstance(ty, relax.TupleType):     # several outputs (never stored in 16 bits)
+                            ty = list(ty.fields)
                         value = relax.call_tir(gv, relax.Tuple(args), ty)
                     remap[b.var] = bb.emit(value, name_hint=b.var.name)
                 result = bb.emit_output(sub(func.body.body))
