@@ -38,7 +38,7 @@ def traffic_baseline_phase(target, report, tvm_target):
 
 def precision_phase(report, plan):
     """Phase 0b: a model stored in 16-bit floats computed in float32 (the host has no 16-bit arithmetic);
-    its 16-bit storage between kernels comes back after scheduling (``storage_phase``)."""
+    its 16-bit storage between kernels comes back after scheduling (``schedule_phase``)."""
     return [Float32ComputePass(report, plan)]
 
 
