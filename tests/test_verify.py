@@ -135,3 +135,90 @@ def test_tvm_default_reference_when_none_given():
     mod = import_onnx(SMALL["W6"]())
     result = af.compile_model(mod, portable=True, verify=True)
     assert result.verification.ok and result.verification.reference == "tvm_default"
+
+
+# ---- 16-bit builds: tolerance by the storage dtype, on the output's scale and by cosine ---------------------
+def test_compare_sixteen_bit():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(1000).astype("float32")
+    # what rounding every kernel's output to fp16 through a deep model adds up to: ~1% of the output's scale
+    rounded = ref + 0.004 * np.abs(ref).max() * rng.standard_normal(1000).astype("float32")
+    assert not compare("y", rounded, ref).ok                     # beyond the float32 tolerance
+    c = compare("y", rounded, ref, storage="float16")
+    assert c.ok and c.cosine > 0.999 and c.to_dict()["min_cosine"] == 0.999
+    flipped = rounded.copy()
+    flipped[:40] *= -1                                           # a wrong kernel: error and cosine both off
+    bad = compare("y", flipped, ref, storage="float16")
+    assert not bad.ok and bad.cosine < 0.999
+    far = rounded + 0.05 * np.abs(ref).max()                     # cosine still high, error above 3% of scale
+    assert not compare("y", far, ref, storage="float16").ok
+    assert compare("y", ref.astype("float16"), ref.astype("float16"), storage="float16").ok
+    nan = rounded.copy()
+    nan[3] = np.nan
+    assert not compare("y", nan, ref, storage="float16").ok
+
+
+def _fp16_onnx(model):
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(model, keep_io_types=False)
+
+
+def test_fp16_model_verifies_against_onnxruntime(tmp_path, capsys):
+    path = tmp_path / "llama16.onnx"
+    onnx.save(_fp16_onnx(SMALL["W7"]()), str(path))
+    out = tmp_path / "o"
+    assert main(["compile", str(path), "-o", str(out), "--portable", "--verify", "--no-traffic-baseline",
+                 "--html"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "fusion_result.json").read_text())
+    assert "GM dtypes (in → out)" in (out / "fusion_report.html").read_text()
+    o = report["verify"]["outputs"][0]
+    assert report["verify"]["ok"] and o["cosine"] >= 0.999 and o["dtype"] == "float16/float16"
+    assert "cosine" in printed and "GM dtypes" in printed and "f16" in printed
+    assert report["precision"]["dtype"] == "float16"
+
+
+class LargeSabotageRule(SabotageRule):
+    """The attention kernel's output scaled by 1.2: beyond any 16-bit rounding."""
+
+    def apply(self, func, target, host):
+        sch = self.inner.apply(func, target, host)
+        if sch is None:
+            return None
+        out = sch.mod["main"].params[-1]
+
+        def store(s):
+            if s.buffer.same_as(out):
+                return tirx.BufferStore(s.buffer, s.value * tirx.const(1.2, str(s.value.ty.dtype)), s.indices)
+            return s
+
+        return s_tir.Schedule(tvm.IRModule({"main": tvm_ffi.structural_map(sch.mod["main"],
+                                                                            (tirx.BufferStore, store))}))
+
+
+def test_sixteen_bit_build_names_the_wrong_kernel(tmp_path, monkeypatch):
+    """force_fp16: the build's kernels read and write fp16, the reference kernels float32; the bisection
+    converts between them and still names the sabotaged kernel, not the rounding of the others."""
+    model = SMALL["W7"]()
+    mod = import_onnx(model)
+    clean = af.compile_model(mod, portable=True, verify=True, reference=onnxruntime_reference(model),
+                             precision_mode="force_fp16")
+    assert clean.verification.ok, verify_text(clean.verification.to_dict())
+    assert clean.verification.outputs[0].cosine >= 0.999
+    monkeypatch.setattr(schedule_apply, "DEFAULT_RULES", (LargeSabotageRule,) + schedule_apply.DEFAULT_RULES)
+    bad = af.compile_model(mod, portable=True, verify=True, reference=onnxruntime_reference(model),
+                           precision_mode="force_fp16")
+    v = bad.verification
+    assert not v.ok
+    first = v.bisection["first_bad_kernel"]
+    assert first is not None and first["rule"] == "sabotage" and "softmax" in first["ops"]
+
+
+def test_bf16_mode_on_310p_is_a_user_error(tmp_path, capsys):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(SMALL["W6"](), str(path))
+    status = main(["compile", str(path), "-o", str(tmp_path / "o"), "--target", "ascend310p",
+                   "--precision-mode", "force_bf16"])
+    assert status == 2
+    assert "force_bf16" in capsys.readouterr().err

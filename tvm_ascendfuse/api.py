@@ -9,6 +9,7 @@ import tvm
 
 from .build import build
 from .pipeline import AscendFusePipeline
+from .precision import resolve_mode
 from .report import FusionReport
 from .target import AscendTarget, get_target
 
@@ -27,30 +28,47 @@ class CompileResult:
 def compile_model(mod: tvm.IRModule, target: str | AscendTarget = "ascend910b", switches=None,
                   portable: bool = False, traffic_baseline: bool = False, jobs: int | None = None,
                   verify: bool = False, reference: Callable | None = None,
-                  reference_name: str | None = None) -> CompileResult:
+                  reference_name: str | None = None, precision_mode: str | None = None,
+                  precision_repair: bool = True) -> CompileResult:
     """``traffic_baseline=True`` also fills the TVM-default and lower-bound rows of the report's traffic table
     (report-only; it re-runs TVM's default fusion on the model, seconds on ResNet-50). ``jobs``: threads
     for the kernels' TIR lowering and LLVM code generation (default: the host's cores; ``build.py``).
 
     ``verify=True`` runs the build and an unfused reference on seeded random inputs and, on a mismatch, names
     the first kernel that differs from its unfused ops (``verify.py``; result in ``.verification`` and the
-    report's ``verify`` section). ``reference``: a function inputs -> outputs (e.g.
+    report's ``verify`` section). ``precision_mode``: CANN's names (``precision/modes.py``; default
+    ``must_keep_origin_dtype``); with ``verify``, a 16-bit build that does not agree is rebuilt with the
+    drifting kernels' outputs kept in float32 until it does (``precision/repair.py``; ``precision_repair=False``
+    reports the mismatch instead). ``reference``: a function inputs -> outputs (e.g.
     ``verify.onnxruntime_reference(model)``); default TVM's default pipeline on ``mod``."""
     npu = get_target(target)
-    host = npu.host_target(portable=portable)
-    pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline)
-    timings: dict = {}
-    ex = build(mod, host, pipeline, jobs=jobs, timings=timings)
-    record_build_times(pipeline.report, timings)
-    if mod.attrs is not None and "ascendfuse.frontend" in mod.attrs:
-        # what the ONNX frontend repaired before import (frontend.import_onnx)
-        pipeline.report.sections["frontend"] = _plain(mod.attrs["ascendfuse.frontend"])
-    snaps = pipeline.snapshots
-    result = CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)
-    if verify:
-        from .verify import verify_compiled
+    resolve_mode(precision_mode, npu)     # a mode the target cannot run fails here, before any work
 
-        result.verification = verify_compiled(result, mod, reference, reference_name)
+    def build_once(keep=frozenset()) -> CompileResult:
+        host = npu.host_target(portable=portable)
+        pipeline = AscendFusePipeline(npu, switches, traffic_baseline=traffic_baseline,
+                                      precision_mode=precision_mode, precision_keep=keep)
+        timings: dict = {}
+        ex = build(mod, host, pipeline, jobs=jobs, timings=timings)
+        record_build_times(pipeline.report, timings)
+        if mod.attrs is not None and "ascendfuse.frontend" in mod.attrs:
+            # what the ONNX frontend repaired before import (frontend.import_onnx)
+            pipeline.report.sections["frontend"] = _plain(mod.attrs["ascendfuse.frontend"])
+        snaps = pipeline.snapshots
+        return CompileResult(ex, pipeline.report, snaps.get("ub_fusion", mod), snaps.get("verify", mod), npu, host)
+
+    result = build_once()
+    if verify:
+        from .verify import storage_dtype, verify_compiled
+
+        def check(res):
+            return verify_compiled(res, mod, reference, reference_name)
+
+        result.verification = check(result)
+        if precision_repair and not result.verification.ok and storage_dtype(result) is not None:
+            from .precision.repair import repair_precision
+
+            result = repair_precision(result, build_once, check)
     return result
 
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from .errors import AscendFuseError
+from .precision.modes import MODES, short_dtypes
 
 EXIT_USER_ERROR = 2
 EXIT_MISMATCH = 1
@@ -60,10 +61,15 @@ def summary_text(report: dict) -> str:
             rows.append([cat, name, rec["match_times"], rec["effect_times"], why])
     if rows:
         out.append(_fmt_table(rows, ["kind", "pass", "match", "effect", "not effective (reason×n)"]))
+    kernels = report.get("kernels", [])
     kern = [[k["name"], k.get("launches", 1), "+".join(k.get("ops", [])), k.get("pattern") or "",
-             k.get("rule", "")] for k in report.get("kernels", [])]
+             k.get("rule", "")] for k in kernels]
+    header = ["kernel", "n", "source ops", "pattern", "schedule"]
+    if any(k.get("precision") for k in kernels):
+        kern = [row + [precision_cell(k)] for row, k in zip(kern, kernels)]
+        header.append("GM dtypes (in -> out)")
     if kern:
-        out.append(_fmt_table(kern, ["kernel", "n", "source ops", "pattern", "schedule"]))
+        out.append(_fmt_table(kern, header))
     for name in report.get("symbolic_sizes") or ():
         depending = [k["name"] for k in report.get("kernels", []) if name in k.get("symbolic", ())]
         out.append(f"symbolic size '{name}': one build for every value; {len(depending)} kernel(s) depend on it")
@@ -87,6 +93,14 @@ def summary_text(report: dict) -> str:
 
         out.append(verify_text(report["verify"]))
     return "\n\n".join(out)
+
+
+def precision_cell(kernel: dict) -> str:
+    """A kernel's GM dtypes (it computes in float32 on the host), e.g. ``f16,f32 -> f16``."""
+    p = kernel.get("precision")
+    if not p:
+        return "f32"
+    return f"{','.join(short_dtypes(p['inputs']))} -> {short_dtypes([p['output']])[0]}"
 
 
 def traffic_text(report: dict) -> str:
@@ -145,7 +159,7 @@ def cmd_compile(args) -> int:
     ops_before = relax_op_count(mod)
     t0 = time.perf_counter()
     result = compile_model(mod, target=target, switches=switches, portable=args.portable,
-                           traffic_baseline=not args.no_traffic_baseline)
+                           traffic_baseline=not args.no_traffic_baseline, precision_mode=args.precision_mode)
     seconds = time.perf_counter() - t0
     report = result.report
     report.sections["summary"] = {
@@ -307,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the build and an unfused reference (ONNX Runtime / PyTorch / TVM default) on seeded "
                         "random inputs; on a mismatch name the first kernel that differs (exit code 1)")
     c.add_argument("--html", action="store_true", help="also write fusion_report.html (graphs, kernels, refusals)")
+    c.add_argument("--precision-mode", default=None, choices=list(MODES),
+                   help="CANN's precision modes: the dtype tensors are stored in between kernels (kernels compute "
+                        "in float32); default must_keep_origin_dtype")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     c.add_argument("--no-shape-folding", action="store_true",
                    help="import the ONNX graph as TVM does, without folding shape computations on static "

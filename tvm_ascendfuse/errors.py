@@ -30,6 +30,10 @@ class UnsupportedOpError(AscendFuseError):
     """The model uses an operator that the importer or a pass cannot handle."""
 
 
+class PrecisionModeError(AscendFuseError):
+    """An unknown precision mode, or one the target cannot run (bf16 on a target without bf16)."""
+
+
 class PatternCheckError(AscendFuseError):
     """A pattern's check or working-set function raised instead of answering (a bug in that pattern)."""
 
@@ -60,6 +64,7 @@ def _keep_type_across_tvm_ffi() -> None:
         tvm_ffi.register_error("UBCapacityError", UBCapacityError)
         tvm_ffi.register_error("PatternCheckError", PatternCheckError)
         tvm_ffi.register_error("UnsupportedOpError", UnsupportedOpError)
+        tvm_ffi.register_error("PrecisionModeError", PrecisionModeError)
     except (ImportError, AttributeError):
         pass
 

@@ -21,6 +21,7 @@ from .errors import AscendFuseError
 from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
 from .legalize import explain_failure, legalize_ops
 from .passbase import PyPass
+from .precision import Float32ComputePass, PrecisionPlan, RoundWeightsPass, SixteenBitStoragePass, resolve_mode
 from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
@@ -34,6 +35,12 @@ def traffic_baseline_phase(target, report, tvm_target):
     """Phase 0 (opt-in, report-only): what TVM's default fusion would launch and move, and the compulsory
     bytes, counted on the module as it enters the pipeline."""
     return [TrafficBaseline(target, report, tvm_target)]
+
+
+def precision_phase(report, plan):
+    """Phase 0b: a model stored in 16-bit floats computed in float32 (the host has no 16-bit arithmetic);
+    its 16-bit storage between kernels comes back after scheduling (``schedule_phase``)."""
+    return [Float32ComputePass(report, plan)]
 
 
 def graph_fusion_phase(target, switches, report):
@@ -70,11 +77,13 @@ def _host_cores(tvm_target) -> int:
     return max(1, int(tvm_target.attrs["num-cores"])) if "num-cores" in tvm_target.attrs else 1
 
 
-def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
+def ub_fusion_phase(target, switches, report, tvm_target, forbidden=(), plan=None):
     """Phase 2: pattern groups, legalization, grouping of the rest, one PrimFunc per group.
 
     The cost-based grouping replaces TVM's FuseOps; FuseOps is the fallback when it is switched off.
-    ``forbidden``: groups whose kernels exceeded on-chip capacity in an earlier run (``GroupingConfig``)."""
+    ``forbidden``: groups whose kernels exceeded on-chip capacity in an earlier run (``GroupingConfig``).
+    First, under a mode converting float32 to 16 bits, GEMM/conv weights are rounded to 16-bit values: here
+    and not in the precision phase, so that weights graph fusion computed (BN folded into a conv) are too."""
     if switches.is_on(COST_BASED_FUSION):
         chained = switches.is_on(CHAINED_GEMM)
         config = GroupingConfig(allow_chained_gemm=chained,
@@ -86,7 +95,9 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
     else:
         report.touch(COST_BASED_FUSION)
         grouping = relax.transform.FuseOps()
+    rounding = [RoundWeightsPass(report, plan)] if plan is not None else []
     return [
+        *rounding,
         PatternFusionPass(target, report, switches),
         *cpu.library_dispatch_passes(tvm_target),
         legalize_ops(),
@@ -94,15 +105,17 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=()):
         relax.transform.FoldConstant(),
         grouping,
         RecordKernels(report),
-        TrafficAccounting(target, report),
+        TrafficAccounting(target, report, plan),
     ]
 
 
-def schedule_phase(target, report, tvm_target, rules=None):
+def schedule_phase(target, report, tvm_target, rules=None, plan=None):
     """Phase 3: one UB-tiled schedule per kernel (first accepting rule per kind, only schedules that fit the
     on-chip buffers: else smaller tiles, else the next rule); constant weights that a rule re-lays out are
-    packed once at compile time."""
-    return [ScheduleKernels(target, report, tvm_target, rules)]
+    packed once at compile time. Then, for a 16-bit precision plan, the tensors between kernels are stored
+    in 16 bits (each kernel converts at its loads and stores; ``precision/storage.py``)."""
+    storage = [SixteenBitStoragePass(report, plan)] if plan is not None else []
+    return [ScheduleKernels(target, report, tvm_target, rules), *storage]
 
 
 def verification_phase(target, report):
@@ -154,8 +167,11 @@ class AscendFusePipeline(PyPass):
     schedule rules to use instead of ``schedule.apply.default_rules`` (instances or classes, in order)."""
 
     def __init__(self, target: AscendTarget | str | None = None, switches=None,
-                 report: FusionReport | None = None, traffic_baseline: bool = False, rules=None):
+                 report: FusionReport | None = None, traffic_baseline: bool = False, rules=None,
+                 precision_mode: str | None = None, precision_keep=()):
         self._target_spec = target
+        self._precision_mode = precision_mode
+        self._precision_keep = frozenset(precision_keep)
         self._switch_spec = switches
         self.traffic_baseline = traffic_baseline
         self.rules = rules
@@ -175,6 +191,7 @@ class AscendFusePipeline(PyPass):
             tvm_target = target.host_target()
         switches = resolve_switches(self._switch_spec).with_pass_context()
         self.report.target_name = target.name
+        self.plan = PrecisionPlan(resolve_mode(self._precision_mode, target), keep_kernels=self._precision_keep)
         return target, switches, tvm_target
 
     def phases(self, target, switches, tvm_target, forbidden=()):
@@ -182,10 +199,11 @@ class AscendFusePipeline(PyPass):
         baseline = [("traffic_baseline", traffic_baseline_phase(target, r, tvm_target))] \
             if self.traffic_baseline else []
         return baseline + [
+            ("precision", precision_phase(r, self.plan)),
             ("input_checks", input_checks_phase()),
             ("graph_fusion", graph_fusion_phase(target, switches, r)),
-            ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target, forbidden)),
-            ("schedule", schedule_phase(target, r, tvm_target, self.rules)),
+            ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target, forbidden, self.plan)),
+            ("schedule", schedule_phase(target, r, tvm_target, self.rules, self.plan)),
             ("verify", verification_phase(target, r)),
             ("lowering", lowering_phase(tvm_target)),
         ]
@@ -260,8 +278,8 @@ class AscendFusePipeline(PyPass):
 
 
 def ascendfuse_pipeline(target=None, switches=None, report=None, traffic_baseline=False,
-                        rules=None) -> AscendFusePipeline:
-    return AscendFusePipeline(target, switches, report, traffic_baseline, rules)
+                        rules=None, precision_mode=None) -> AscendFusePipeline:
+    return AscendFusePipeline(target, switches, report, traffic_baseline, rules, precision_mode)
 
 
 if "ascendfuse" not in relax.pipeline.PIPELINE_MAP:

@@ -131,7 +131,7 @@ def kernel_rows(report: dict) -> list[dict]:
             "rule": k.get("rule"), "launches": k.get("launches", 1),
             "ub_bytes": k.get("ub_bytes", (ub.get(k["name"]) or {}).get("ub_bytes")), "ub_capacity": cap,
             "gm_bytes": t.get("gm_bytes"), "modeled_time_us": t.get("modeled_time_us"),
-            "modeled_time_us_unfused": g.get("modeled_time_us_unfused"),
+            "modeled_time_us_unfused": g.get("modeled_time_us_unfused"), "precision": k.get("precision"),
         })
     return rows
 
@@ -195,6 +195,14 @@ def _ub_bar(row: dict) -> str:
             f'</span></div><span class="note">{b:,} B ({frac * 100:.1f}%)</span>')
 
 
+def precision_cell(row: dict) -> str:
+    """A kernel's GM dtypes (it computes in float32 on the host), e.g. ``f16,f32 → f16``."""
+    from .precision.modes import short_dtypes
+
+    p = row.get("precision")
+    return "f32" if not p else f"{','.join(short_dtypes(p['inputs']))} → {short_dtypes([p['output']])[0]}"
+
+
 def render_html(report: dict, title: str | None = None) -> str:
     """The page for one report (a ``fusion_result.json`` as a dict)."""
     summary = report.get("summary") or {}
@@ -241,9 +249,11 @@ def render_html(report: dict, title: str | None = None) -> str:
         parts.append(f"<p class='note' id='no-graph'>Graph not drawn: {_esc(why)}.</p>")
 
     # kernels
+    sixteen = any(r["precision"] for r in rows)   # a precision mode stores some tensors in 16 bits
     parts.append("<h2>Kernels</h2><table><tr><th>#</th><th>kernel</th><th>source ops</th><th>pattern</th>"
                  "<th>schedule rule</th><th>UB (usable)</th><th>GM bytes (counted)</th><th>NPU µs (modeled)</th>"
-                 "<th>same ops unfused µs (modeled)</th></tr>")
+                 "<th>same ops unfused µs (modeled)</th>" + ("<th>GM dtypes (in → out)</th>" if sixteen else "")
+                 + "</tr>")
     for r in rows:
         i = r["index"]
         sw = f"<span class='sw' style='background:{PALETTE[i % len(PALETTE)]};border-color:{BORDER[i % len(BORDER)]}'>" \
@@ -254,7 +264,8 @@ def render_html(report: dict, title: str | None = None) -> str:
                      f"<td class='ops'>{_esc(' + '.join(r['ops']))}</td><td>{_esc(r['pattern'] or '–')}</td>"
                      f"<td>{_esc(r['rule'] or '–')}</td><td>{_ub_bar(r)}</td><td class='num'>{gm}</td>"
                      f"<td class='num'>{_us(r['modeled_time_us'])}</td>"
-                     f"<td class='num'>{_us(r['modeled_time_us_unfused'])}</td></tr>")
+                     f"<td class='num'>{_us(r['modeled_time_us_unfused'])}</td>"
+                     + (f"<td>{_esc(precision_cell(r))}</td>" if sixteen else "") + "</tr>")
     parts.append("</table>")
 
     # verify

@@ -44,6 +44,7 @@ class AscendTarget:
     vector_bytes_per_cycle: int = 256
     launch_overhead_us: float = 3.0
     double_buffer: bool = True
+    bf16: bool = True             # the cube/vector units compute in bfloat16 (Ascend 910B); 310P: fp16 only
 
     # ---- derived figures -------------------------------------------------------------------------
     @property
@@ -121,6 +122,7 @@ FIELD_DOCS = {
     "vector_bytes_per_cycle": "ASSUMPTION: vector unit width per core per cycle",
     "launch_overhead_us": "ASSUMPTION: fixed cost of one kernel launch, microseconds",
     "double_buffer": "tiles are double-buffered (working set counted twice)",
+    "bf16": "the compute units take bfloat16 (precision modes force_bf16 / allow_mix_precision_bf16)",
 }
 
 PRESETS: dict[str, AscendTarget] = {
@@ -134,7 +136,7 @@ PRESETS: dict[str, AscendTarget] = {
         # (assumption).
         name="ascend310p", ub_bytes=256 * KiB, ub_reserved_bytes=8 * KiB, l1_bytes=1 * MiB,
         l0a_bytes=64 * KiB, l0b_bytes=64 * KiB, l0c_bytes=256 * KiB, cube_cores=8, vector_cores=8,
-        clock_ghz=1.08, hbm_gbps=204.8, vector_bytes_per_cycle=256, launch_overhead_us=3.0,
+        clock_ghz=1.08, hbm_gbps=204.8, vector_bytes_per_cycle=256, launch_overhead_us=3.0, bf16=False,
     ),
 }
 
@@ -150,9 +152,9 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, str) or not value:
             raise TargetError("target field 'name' must be a non-empty string")
         return value
-    if key == "double_buffer":
+    if key in ("double_buffer", "bf16"):
         if not isinstance(value, bool):
-            raise TargetError(f"target field 'double_buffer' must be true or false, got {value!r}")
+            raise TargetError(f"target field '{key}' must be true or false, got {value!r}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TargetError(f"target field '{key}' must be a number, got {value!r}")

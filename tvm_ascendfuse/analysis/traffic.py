@@ -16,6 +16,8 @@ their domains, loop variables by their loop ranges. Symbolic dimensions are repl
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from math import prod
 
@@ -375,22 +377,37 @@ def _tensor_bytes(ty, bounds) -> int:
     return n * dtype_bytes(dtype)
 
 
-def kernel_calls(mod: tvm.IRModule):
-    """(entry function, PrimFunc GlobalVar) for each call_tir in the non-Primitive Relax functions."""
+def kernel_call_sites(mod: tvm.IRModule):
+    """(entry function, call_tir) for each call_tir in the non-Primitive Relax functions."""
     out = []
     for _, func in mod.functions.items():
         if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
             found = []
             relax.analysis.post_order_visit(
                 func.body, lambda e: found.append(e) if is_call_tir(e) else None)
-            out += [(func, c.args[0]) for c in found]
+            out += [(func, c) for c in found]
     return out
 
 
-def traffic_summary(mod: tvm.IRModule, target) -> dict:
+def kernel_calls(mod: tvm.IRModule):
+    """(entry function, PrimFunc GlobalVar) for each call_tir in the non-Primitive Relax functions."""
+    return [(func, call.args[0]) for func, call in kernel_call_sites(mod)]
+
+
+def _in_storage(k: KernelTraffic, params, widths) -> KernelTraffic:
+    """``k`` with each parameter's bytes counted at ``widths[i]`` bytes per element instead of its dtype's."""
+    scale = [w / dtype_bytes(p.ty.dtype) for w, p in zip(widths, params)]
+    return dataclasses.replace(k, read_bytes=[int(b * f) for b, f in zip(k.read_bytes, scale)],
+                               write_bytes=[int(b * f) for b, f in zip(k.write_bytes, scale)],
+                               dtype_bytes=max(widths, default=k.dtype_bytes))
+
+
+def traffic_summary(mod: tvm.IRModule, target, element_bytes=None) -> dict:
     """Launches, counted GM bytes, FLOPs and modeled NPU time of every call_tir a module makes.
 
-    ``mod`` is a module after FuseTIR (or after LegalizeOps, for the unfused view)."""
+    ``mod`` is a module after FuseTIR (or after LegalizeOps, for the unfused view). ``element_bytes``:
+    (function, call, argument index, dtype) -> bytes per element in GM, where a precision plan stores tensors
+    in other dtypes than the kernels compute in (``precision/gm_dtypes.py``); default the dtypes' own."""
     from ..target import get_target
 
     target = get_target(target)
@@ -398,11 +415,15 @@ def traffic_summary(mod: tvm.IRModule, target) -> dict:
     launches, gm, naive, vf, cf, t_us = 0, 0, 0, 0.0, 0.0, 0.0
     assumptions: set[str] = set()
     per_kernel: dict[str, dict] = {}
-    for func, gv in kernel_calls(mod):
+    for func, call in kernel_call_sites(mod):
+        gv = call.args[0]
         name = gv.name_hint
         if name not in cache:
             cache[name] = count_primfunc(mod[gv], name, symbolic_bounds(func))
         k = cache[name]
+        if element_bytes is not None:
+            params = mod[gv].params
+            k = _in_storage(k, params, [element_bytes(func, call, i, str(p.ty.dtype)) for i, p in enumerate(params)])
         launches += 1
         gm += k.gm_bytes
         naive += k.naive_bytes

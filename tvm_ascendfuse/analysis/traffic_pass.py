@@ -92,17 +92,25 @@ class TrafficBaseline(PyPass):
 
 
 class TrafficAccounting(PyPass):
-    """Counts our kernels after FuseTIR and completes ``report.sections['traffic']``."""
+    """Counts our kernels after FuseTIR and completes ``report.sections['traffic']``. ``plan``: the build's
+    precision plan; its 16-bit tensors are counted in 16-bit bytes (``precision/gm_dtypes.py``)."""
 
-    def __init__(self, target, report: FusionReport):
-        self.target, self.report = target, report
+    def __init__(self, target, report: FusionReport, plan=None):
+        self.target, self.report, self.plan = target, report, plan
 
     def pass_name(self) -> str:
         return "AscendTrafficAccounting"
 
     def transform_module(self, mod):
         sec = self.report.sections.setdefault("traffic", {})
-        ours = traffic_summary(mod, self.target)
+        widths = None
+        if self.plan is not None:
+            from ..precision.gm_dtypes import gm_element_bytes
+
+            widths = gm_element_bytes(self.plan, {k["name"]: k.get("ops") for k in self.report.kernels})
+        ours = traffic_summary(mod, self.target, widths)
+        if widths is not None:
+            sec["gm_storage_dtype"] = self.plan.storage_dtype
         sec["ours"] = _brief(ours)
         sec["kernels"] = ours["kernels"]
         sec["assumptions"] = ours["assumptions"]

@@ -1,0 +1,60 @@
+"""Float32ComputePass: a 16-bit model computed in float32, its signature unchanged."""
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvm_ascendfuse.precision import Float32ComputePass, PrecisionPlan
+from tvm_ascendfuse.report import FusionReport
+
+
+def _fp16_model(dtype="float16"):
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((16, 16)).astype("float32")).value.numpy()
+            h = relax.op.matmul(x, relax.const(w.astype(dtype) if dtype == "float16" else w, dtype),
+                                out_dtype=dtype)
+            h = relax.op.astype(relax.op.nn.softmax(relax.op.astype(h, "float32")), dtype)
+            out = bb.emit_output(relax.op.nn.relu(h))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _dtypes(func):
+    found = set()
+    relax.analysis.post_order_visit(func.body, lambda e: found.add(str(e.ty.dtype)) if isinstance(
+        e, (relax.Var, relax.Call)) and isinstance(getattr(e, "ty", None), relax.TensorType) else None)
+    return found
+
+
+def test_fp16_model_computed_in_float32():
+    mod = _fp16_model()
+    plan, report = PrecisionPlan(), FusionReport()
+    out = Float32ComputePass(report, plan)(mod)
+    func = out["main"]
+    # the signature is the model's; inside, only the entry and exit conversions are 16-bit
+    assert str(func.params[0].ty.dtype) == "float16" and str(func.body.body.ty.dtype) == "float16"
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    sixteen = [b for b in bindings if str(b.var.ty.dtype) == "float16"]
+    assert len(sixteen) == 1 and sixteen[0].value.op.name == "relax.astype"
+    assert plan.model_dtypes == {"float16"} and plan.storage_dtype == "float16"
+    assert report.get("Float32Compute").effect_times == 1
+    # same numbers as the float32 computation of the fp16 values
+    x = np.random.default_rng(1).standard_normal((8, 16)).astype("float16")
+    ex = tvm.compile(out, target="llvm")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    w = mod["main"].body.blocks[0].bindings[0].value.args[1].value.numpy().astype("float32")
+    s = x.astype("float32") @ w
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want = np.maximum(e / e.sum(-1, keepdims=True), 0).astype("float16")
+    np.testing.assert_allclose(got.astype("float32"), want.astype("float32"), rtol=0, atol=1e-3)
+
+
+def test_float32_model_untouched():
+    mod = _fp16_model("float32")
+    plan = PrecisionPlan()
+    out = Float32ComputePass(FusionReport(), plan)(mod)
+    assert out.same_as(mod) and plan.model_dtypes == set() and plan.storage_dtype is None

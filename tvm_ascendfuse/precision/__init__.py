@@ -1,0 +1,13 @@
+"""Precision modes (CANN's names): 16-bit storage between kernels, float32 compute inside them.
+
+``Float32ComputePass`` (before graph fusion) computes a 16-bit model in float32; ``SixteenBitStoragePass``
+(after scheduling) makes the kernels load and store their GM tensors in the plan's 16-bit dtype;
+``RoundWeightsPass`` (after graph fusion) gives a float32 model converted by a mode its 16-bit weight values.
+"""
+
+from .compute_fp32 import Float32ComputePass
+from .round_weights import RoundWeightsPass
+from .storage import SixteenBitStoragePass
+from .modes import DEFAULT_MODE, MODES, PrecisionModeError, PrecisionPlan, resolve_mode
+
+__all__ = ["DEFAULT_MODE", "MODES", "Float32ComputePass", "PrecisionModeError", "PrecisionPlan", "resolve_mode", "RoundWeightsPass", "SixteenBitStoragePass"]

@@ -1,0 +1,193 @@
+"""Float32ComputePass: a model stored in 16-bit floats computed in float32.
+
+Rewrites every 16-bit float tensor of a Relax function to float32::
+
+    y16 = conv2d(x16, W16)            ->   x = astype(x16, f32); y = conv2d(x, W)  (W converted once, here)
+    return y16                        ->   return astype(y, f16)
+
+Why: the host has no 16-bit arithmetic (Zen 5 has F16C conversions and AVX512-BF16 dot products, but no
+AVX512-FP16). LLVM promotes every fp16 operation to float and back one scalar at a time, and an fp16 conv
+accumulates in fp16: FP16 ResNet-50 ran 7x ONNX Runtime with every kernel at ~60 GFLOP/s. Computed in float32,
+every fusion pattern, grouping decision and schedule rule applies unchanged (they were written and tuned on
+float32 graphs), and accumulators are float32 as on the NPU's cube unit. 16-bit storage between kernels is put
+back after scheduling (``storage.SixteenBitStoragePass``), where the kernel boundaries are known: each kernel
+then loads 16-bit values, converts them in vector registers and stores its result in 16 bits.
+
+Constants (weights) are converted here once: a 16-bit weight is exactly representable in float32, so the
+float32 graph computes the same products. Casts to a 16-bit type inside the model become casts to float32
+(the value is not rounded there; ``SixteenBitStoragePass`` rounds at kernel boundaries). The function's
+signature stays as it was: 16-bit inputs are converted on entry, 16-bit outputs converted back on exit.
+
+Refused (function left as it is, reason in the report): a binding that is not a plain ``var = expr``
+(match_cast), a call with explicit result types (call_tir, packed calls), calls of other Relax functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..passbase import PyPass
+from ..report import FusionReport
+from .modes import SIXTEEN_BIT
+
+PASS_NAME = "Float32Compute"
+
+
+class Float32ComputePass(PyPass):
+    """See the module docstring. ``plan`` (a ``PrecisionPlan``) records which 16-bit type the model stored
+    its tensors in, for the storage pass after scheduling."""
+
+    def __init__(self, report: FusionReport, plan):
+        self.report = report
+        self.plan = plan
+
+    def pass_name(self) -> str:
+        return PASS_NAME
+
+    def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
+                continue
+            found = _sixteen_bit_dtypes(func)
+            if not found:
+                continue
+            reason = _refusal(func)
+            if reason is not None:
+                self.report.record(PASS_NAME, False, reason, where=gv.name_hint)
+                continue
+            updates[gv] = _Widen().function(func, gv.name_hint)
+            self.plan.model_dtypes |= found
+            self.report.record(PASS_NAME, True, where=gv.name_hint, dtypes=sorted(found))
+        if not updates:
+            return mod
+        mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+
+def _dtype_of(expr) -> str | None:
+    ty = getattr(expr, "ty", None)
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
+def _sixteen_bit_dtypes(func: relax.Function) -> set:
+    found = set()
+
+    def visit(e):
+        d = _dtype_of(e) if isinstance(e, (relax.Var, relax.Call, tvm.ir.GenericConst)) else None
+        if d in SIXTEEN_BIT:
+            found.add(d)
+
+    relax.analysis.post_order_visit(func, visit)
+    for p in func.params:
+        if _dtype_of(p) in SIXTEEN_BIT:
+            found.add(_dtype_of(p))
+    return found
+
+
+def _refusal(func: relax.Function) -> str | None:
+    if not isinstance(func.body, relax.SeqExpr):
+        return "function body is not a sequence of bindings"
+    for block in func.body.blocks:
+        for b in block.bindings:
+            if not isinstance(b, relax.VarBinding):
+                return f"binding of '{b.var.name}' is a match_cast"
+    problem = []
+
+    def visit(e):
+        if problem or not isinstance(e, relax.Call):
+            return
+        if isinstance(e.op, relax.GlobalVar):
+            problem.append(f"calls the function '{e.op.name_hint}'")
+        elif e.ty_args and any(_has_sixteen_bit(s) for s in e.ty_args):
+            problem.append(f"'{e.op.name}' declares 16-bit result types")
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return problem[0] if problem else None
+
+
+def _has_sixteen_bit(ty) -> bool:
+    if isinstance(ty, relax.TensorType):
+        return str(ty.dtype) in SIXTEEN_BIT
+    if isinstance(ty, relax.TupleType):
+        return any(_has_sixteen_bit(f) for f in ty.fields)
+    return False
+
+
+def _float32_constant(const):
+    value = const.value.numpy()
+    return relax.const(np.asarray(value, dtype=np.float32), "float32")
+
+
+def _with_float32_attrs(attrs):
+    """The op's attributes with every 16-bit dtype field (out_dtype, dtype) made float32, or None if none."""
+    if attrs is None or not hasattr(type(attrs), "__tvm_ffi_type_info__"):
+        return None
+    info = type(attrs).__tvm_ffi_type_info__
+    values = {f.name: getattr(attrs, f.name) for f in info.fields}
+    changed = {k for k, v in values.items() if k in ("dtype", "out_dtype") and str(v) in SIXTEEN_BIT}
+    if not changed:
+        return None
+    values.update({k: "float32" for k in changed})
+    return tvm.ir.make_node(info.type_key, **values)
+
+
+class _Widen:
+    """Rebuilds one function binding by binding with a BlockBuilder (dtypes re-inferred on the way)."""
+
+    def __init__(self):
+        self.remap = {}
+
+    def function(self, func: relax.Function, name: str) -> relax.Function:
+        bb = relax.BlockBuilder()
+        params = list(func.params)
+        ret_dtype = _dtype_of(func.body.body)
+        with bb.function(name, params, attrs=dict(func.attrs) if func.attrs else None, private=False):
+            with bb.dataflow():
+                for p in params:
+                    if _dtype_of(p) in SIXTEEN_BIT:
+                        self.remap[p] = bb.emit(relax.op.astype(p, "float32"), name_hint=f"{p.name}_f32")
+                for block in func.body.blocks:
+                    for b in block.bindings:
+                        self.remap[b.var] = bb.emit(self.expr(b.value), name_hint=b.var.name)
+                out = self.expr(func.body.body)
+                out = bb.emit_output(_back_to(out, func.body.body.ty))
+            bb.emit_func_output(out)
+        new = bb.get()[name]
+        return new.with_attrs(func.attrs) if func.attrs else new
+
+    def expr(self, e):
+        if isinstance(e, relax.Var):
+            return self.remap.get(e, e)
+        if isinstance(e, tvm.ir.GenericConst):
+            return _float32_constant(e) if _dtype_of(e) in SIXTEEN_BIT else e
+        if isinstance(e, relax.Tuple):
+            return relax.Tuple([self.expr(f) for f in e.fields])
+        if isinstance(e, relax.TupleGetItem):
+            return relax.TupleGetItem(self.expr(e.tuple_value), e.index)
+        if isinstance(e, relax.Call):
+            args = [self.expr(a) for a in e.args]
+            if isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.astype":
+                dtype = str(e.attrs.dtype)
+                dtype = "float32" if dtype in SIXTEEN_BIT else dtype
+                if _dtype_of(args[0]) == dtype:
+                    return args[0]
+                return relax.op.astype(args[0], dtype)
+            attrs = _with_float32_attrs(e.attrs)
+            return relax.Call(e.op, args, attrs if attrs is not None else e.attrs, e.ty_args)
+        return e
+
+
+def _back_to(out, ty):
+    """The function's result in the dtypes of its original signature."""
+    if isinstance(ty, relax.TensorType) and str(ty.dtype) in SIXTEEN_BIT and _dtype_of(out) != str(ty.dtype):
+        return relax.op.astype(out, str(ty.dtype))
+    if isinstance(ty, relax.TupleType) and isinstance(out, relax.Tuple):
+        return relax.Tuple([_back_to(f, t) for f, t in zip(out.fields, ty.fields)])
+    if isinstance(ty, relax.TupleType) and any(_has_sixteen_bit(t) for t in ty.fields):
+        return relax.Tuple([_back_to(relax.TupleGetItem(out, i), t) for i, t in enumerate(ty.fields)])
+    return out
