@@ -4,7 +4,12 @@ Architecture: target -> patterns -> passes (graph fusion, grouping) -> cost mode
 -> pipeline -> cli/report.
 """
 
-from .errors import AscendFuseError, ModelError, SwitchError, TargetError, UBCapacityError, UnsupportedOpError
+from .host_threads import use_physical_cores
+
+use_physical_cores()      # before anything starts TVM's thread pool (host_threads.py says why)
+
+from .errors import (AscendFuseError, ModelError, SwitchError, TargetError, UBCapacityError,  # noqa: E402
+                     UnsupportedOpError)
 from .target import PRESETS, AscendTarget, get_target, load_target_file, make_target
 from .switches import FusionSwitches, known_switches
 from .report import FusionReport

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TargetError
+from .host_threads import physical_cores
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -84,6 +85,8 @@ class AscendTarget:
         """The llvm Target the kernels run on here. UB tiling becomes cache blocking on the CPU.
 
         By default it uses this machine's CPU features; ``portable=True`` builds for generic x86-64.
+        ``num-cores`` (what the schedules split parallel loops for) is the host's cores, as many as the
+        runtime's threads (``host_threads.py``).
         """
         import tvm
 
@@ -91,7 +94,7 @@ class AscendTarget:
             "kind": "llvm",
             "keys": ["ascend", "cpu"],
             "model": self.name,
-            "num-cores": int(num_cores or os.cpu_count() or 1),
+            "num-cores": int(num_cores or physical_cores()),
         }
         if not portable:
             config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
