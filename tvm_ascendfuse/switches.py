@@ -60,6 +60,8 @@ ATTENTION_KEY_PAD = "AttentionKeyPadFusionPass"
 PACKED_QKV = "PackedQkvFusionPass"
 CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
+CONV2D_QUANT = "Conv2DQuantFusionPass"
+MATMUL_QUANT = "MatMulQuantFusionPass"
 # UB fusion: pattern families (patterns/)
 TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
 TBE_MATMUL_ELEMWISE = "TbeMatmulElemwiseFusionPass"
@@ -83,6 +85,12 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(BATCHNORM_SCALE, GRAPH_FUSION,
                "inference BatchNorm no conv/matmul absorbs -> x * scale + shift (per-channel constants), so it "
                "fuses into the next conv's input prologue"),
+    SwitchInfo(CONV2D_QUANT, GRAPH_FUSION,
+               "conv2d of a dequantized int8/uint8 activation and a dequantized int8 constant weight -> int8 "
+               "conv with int32 accumulation, zero-point correction and scale as its epilogue"),
+    SwitchInfo(MATMUL_QUANT, GRAPH_FUSION,
+               "matmul/Gemm of a dequantized int8/uint8 activation and a dequantized int8 constant weight -> "
+               "int8 GEMM with int32 accumulation, zero-point correction and scale as its epilogue"),
     SwitchInfo(CONCAT_IDENTITY, GRAPH_FUSION, "a concat of one tensor is that tensor"),
     SwitchInfo(IDENTITY_COPY, GRAPH_FUSION,
                "a kernel call that copies its one input unchanged (a pad by zero) is that input"),
