@@ -46,6 +46,7 @@ from .grouped_conv import GroupedConv2dRule
 from .gemv import GemvRule
 from .indices import simplify_indices
 from .matmul import MatmulRule
+from .matmul_int8 import Int8MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
@@ -58,7 +59,7 @@ from .tuned import tuned_rules
 # whatever else the kernel holds). Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
 DEFAULT_RULES = (SqueezeExciteRule, GemvRule, DecodeAttentionRule, AttentionProjectionRule, AttentionRule,
-                 ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
+                 ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 
