@@ -62,6 +62,7 @@ CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
 CONV2D_QUANT = "Conv2DQuantFusionPass"
 MATMUL_QUANT = "MatMulQuantFusionPass"
+DYNAMIC_QUANT_MATMUL = "DynamicQuantMatMulFusionPass"
 # UB fusion: pattern families (patterns/)
 TBE_CONV_ELEMWISE = "TbeConvElemwiseFusionPass"
 TBE_MATMUL_ELEMWISE = "TbeMatmulElemwiseFusionPass"
@@ -91,6 +92,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(MATMUL_QUANT, GRAPH_FUSION,
                "matmul/Gemm of a dequantized int8/uint8 activation and a dequantized int8 constant weight -> "
                "int8 GEMM with int32 accumulation, zero-point correction and scale as its epilogue"),
+    SwitchInfo(DYNAMIC_QUANT_MATMUL, GRAPH_FUSION,
+               "MatMulInteger of a dynamically quantized uint8 activation and an int8 constant weight (ORT "
+               "quantize_dynamic) -> int8 GEMM with the run-time zero point's correction as its epilogue"),
     SwitchInfo(CONCAT_IDENTITY, GRAPH_FUSION, "a concat of one tensor is that tensor"),
     SwitchInfo(IDENTITY_COPY, GRAPH_FUSION,
                "a kernel call that copies its one input unchanged (a pad by zero) is that input"),

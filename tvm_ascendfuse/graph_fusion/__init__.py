@@ -7,7 +7,7 @@
    matchers below need static shapes too. ``IdentityCopyFusionPass`` right after it drops the kernel calls
    that have become plain copies with the static shapes (a shape-dependent ONNX Pad by zero: Swin), so no
    matcher or rule sees them.
-   ``Conv2DQuantFusionPass`` and ``MatMulQuantFusionPass`` next, before anything reads weights: they need
+   ``Conv2DQuantFusionPass``, ``MatMulQuantFusionPass`` and ``DynamicQuantMatMulFusionPass`` next, before anything reads weights: they need
    the quantized weights as the model stores them (int8 constants under ``dequantize``, which the
    pipeline's first constant fold keeps; the fold after the list turns the rest into float32 constants,
    and until then ``FunctionGraph.const`` reads a dequantized constant as its float32 value).
@@ -68,6 +68,7 @@ from .layer_norm import LayerNormFusionPass
 from .layout_chain import LayoutChainFusionPass
 from .matmul_bias_add import MatMulBiasAddFusionPass
 from .matmul_quant import MatMulQuantFusionPass
+from .matmul_integer import DynamicQuantMatMulFusionPass
 from .matmul_sibling_merge import MatMulSiblingMergeFusionPass
 from .packed_qkv import PackedQkvFusionPass
 from .rms_norm import RMSNormFusionPass
@@ -81,6 +82,7 @@ GRAPH_FUSION_PASSES: list = [
     IdentityCopyFusionPass,
     Conv2DQuantFusionPass,
     MatMulQuantFusionPass,
+    DynamicQuantMatMulFusionPass,
     FocusConvFusionPass,
     ScaledDotProductAttentionFusionPass,
     TransposeChainFusionPass,

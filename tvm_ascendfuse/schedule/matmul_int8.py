@@ -45,8 +45,9 @@ def _int8_gemm(sch: s_tir.Schedule):
         return None
     if any(has_reduce(sch, b) for i, b in enumerate(blocks) if i != gi):
         return None
-    if any(i < gi for i in range(len(blocks))):      # a prologue: the generic rules stage it
-        return None
+    params = list(sch.mod["main"].params)
+    if not all(any(p.same_as(buf) for p in params) for buf in (info.a_buf, info.b_buf)):
+        return None     # A computed in the kernel (a prologue on the operand): the generic rules stage it
     return blocks, gi, info
 
 
@@ -88,17 +89,17 @@ class Int8MatmulRule(ScheduleRule):
         if k_len % DEPTH or n_len % LANES:
             return None
         hv = host_vector(host)
-        m_len = 1
-        for i in info.m:
-            m_len *= ext[i]
-        tile = _tile(m_len, n_len // LANES, hv.accumulators + hv.accumulators // 2)
+        # rows of the tile from the innermost M iterator (outer ones stay loops of their own: a fused M
+        # would bind the rows by division, which the intrinsic's block cannot be carved out of)
+        tile = _tile(ext[info.m[-1]], n_len // LANES, hv.accumulators + hv.accumulators // 2)
         if tile is None:
             return None
         mr, nv = tile
 
         # the epilogue as one block computing the output from the accumulator (a kernel with a second
-        # output inside its epilogue is left to the generic rule)
-        for blk in list(root_blocks(sch))[gi + 1:-1]:
+        # output inside its epilogue is left to the generic rule); blocks in front of the GEMM compute epilogue
+        # operands (the widened run-time zero point) and are inlined into it too
+        for blk in blocks[:gi] + list(root_blocks(sch))[gi + 1:-1]:
             if not ok(sch.compute_inline, blk):
                 return None
         rest = list(root_blocks(sch))
@@ -116,15 +117,15 @@ class Int8MatmulRule(ScheduleRule):
         if sorted(info.m + [info.n, info.k]) != list(range(len(loops))) or info.k != len(loops) - 1 \
                 or info.n != len(loops) - 2:
             return None
-        m_loop = sch.fuse(*[loops[i] for i in info.m]) if len(info.m) > 1 else loops[info.m[0]]
+        m_outer = [loops[i] for i in info.m[:-1]]
         n_loop, k_loop = loops[-2], loops[-1]
-        mo, mi = sch.split(m_loop, [None, mr])
+        mo, mi = sch.split(loops[info.m[-1]], [None, mr])
         no, nvo, ni = sch.split(n_loop, [None, nv, LANES])
         ko, ki = sch.split(k_loop, [None, DEPTH])
         vnni = has_int8_dot(host)
         # VNNI: the 16 x 4 (lanes x depths) step is the intrinsic; else depths outside the 16 vector lanes
-        sch.reorder(no, mo, ko, mi, nvo, *((ni, ki) if vnni else (ki, ni)))
-        outer = sch.fuse(no, mo)
+        sch.reorder(no, *m_outer, mo, ko, mi, nvo, *((ni, ki) if vnni else (ki, ni)))
+        outer = sch.fuse(no, *m_outer, mo)
         sch.parallel(outer)
         # the accumulator tile lives in registers; the epilogue reads it directly, tile by tile
         acc = sch.cache_write(gemm, 0, "global")   # the intrinsic declares global buffers
