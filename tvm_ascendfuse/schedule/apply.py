@@ -37,6 +37,7 @@ from .chained_gemm import ChainedGemmRule
 from .code_size import bound_code_size
 from .common import host_of
 from .conv import Conv2dRule
+from .conv_int8 import Int8Conv2dRule
 from .decode_attention import DecodeAttentionRule
 from .depthwise_conv import DepthwiseConv2dRule
 from .elementwise import ElementwiseRule
@@ -59,7 +60,7 @@ from .tuned import tuned_rules
 # whatever else the kernel holds). Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
 DEFAULT_RULES = (SqueezeExciteRule, GemvRule, DecodeAttentionRule, AttentionProjectionRule, AttentionRule,
-                 ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
+                 ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule, Int8Conv2dRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 

@@ -1,4 +1,5 @@
-"""The host's int8 dot product as a TIR tensor intrinsic, shared by the int8 rules.
+"""The host's int8 dot product as a TIR tensor intrinsic and the register tile around it, shared by the int8
+rules (GEMM and conv).
 
 ``C[16] (int32) += sum_k A[k] (uint8) * B[i, k] (int8)`` over 4 k: one AVX-512 VNNI ``vpdpbusd``, the 4
 bytes of A broadcast to every lane. TVM ships this intrinsic (``tensor_intrin.x86.dot_16x4_vnni``) with
@@ -14,6 +15,24 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 DOT_16x4_U8S8 = "ascendfuse_dot_16x4_u8s8_vnni"
+LANES = 16          # int32 lanes of one 512-bit accumulator
+DEPTH = 4           # bytes one lane sums per dot-product step
+MAX_ROWS = 6        # register tile rows (x vectors: within the accumulator registers)
+
+
+def register_tile(rows: int, n_vectors: int, accumulators: int) -> tuple[int, int] | None:
+    """(rows, vectors) of an int8 register tile: the most accumulators within the budget, with rows dividing
+    ``rows`` and vectors dividing ``n_vectors`` (no partial tiles: the intrinsic takes whole vectors)."""
+    best = None
+    for nv in (4, 3, 2, 1):
+        if n_vectors % nv:
+            continue
+        for mr in range(min(MAX_ROWS, accumulators // nv), 0, -1):
+            if rows % mr == 0:
+                if best is None or mr * nv > best[0] * best[1]:
+                    best = (mr, nv)
+                break
+    return best
 
 
 def _byte_operands() -> bool:

@@ -22,12 +22,8 @@ from .analysis import find_gemm, has_reduce
 from .base import ScheduleRule
 from .common import extent, ok, root_blocks
 from .hostvec import has_int8_dot, host_vector
-from .int8_dot import DOT_16x4_U8S8
+from .int8_dot import DEPTH, DOT_16x4_U8S8, LANES, register_tile
 from .layout import mark_prepack, packable_param
-
-LANES = 16          # int32 lanes of one 512-bit accumulator
-DEPTH = 4           # bytes one lane sums per dot-product step
-MAX_ROWS = 6        # register tile rows (x vectors: within the accumulator registers)
 
 
 def _dtype(buf) -> str:
@@ -49,20 +45,6 @@ def _int8_gemm(sch: s_tir.Schedule):
     if not all(any(p.same_as(buf) for p in params) for buf in (info.a_buf, info.b_buf)):
         return None     # A computed in the kernel (a prologue on the operand): the generic rules stage it
     return blocks, gi, info
-
-
-def _tile(m: int, n_vectors: int, accumulators: int) -> tuple[int, int] | None:
-    """(rows, vectors) of the register tile: the most accumulators within the budget, rows dividing M."""
-    best = None
-    for nv in (4, 3, 2, 1):
-        if n_vectors % nv:
-            continue
-        for mr in range(min(MAX_ROWS, accumulators // nv), 0, -1):
-            if m % mr == 0:
-                if best is None or mr * nv > best[0] * best[1]:
-                    best = (mr, nv)
-                break
-    return best
 
 
 class Int8MatmulRule(ScheduleRule):
@@ -91,7 +73,7 @@ class Int8MatmulRule(ScheduleRule):
         hv = host_vector(host)
         # rows of the tile from the innermost M iterator (outer ones stay loops of their own: a fused M
         # would bind the rows by division, which the intrinsic's block cannot be carved out of)
-        tile = _tile(ext[info.m[-1]], n_len // LANES, hv.accumulators + hv.accumulators // 2)
+        tile = register_tile(ext[info.m[-1]], n_len // LANES, hv.accumulators + hv.accumulators // 2)
         if tile is None:
             return None
         mr, nv = tile
