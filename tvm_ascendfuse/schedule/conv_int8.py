@@ -15,9 +15,10 @@ row as the tile rows:
 * a tile of ``mr`` output pixels x ``nv`` 16-channel vectors accumulates over (c, r, s) in registers, the
   accumulator laid out ``[n, y, x, f]`` so one vector is 16 channels; the epilogue runs on each finished tile.
 
-Channel counts that are not multiples of 16 (output) or 4 (input) are declined, as is a kernel whose
-epilogue cannot be computed tile by tile (a padding of the next conv's input written by this kernel):
-the generic conv rule takes those, and every int8 conv on a host without VNNI (there the generic rule's
+An epilogue that writes a larger tensor than the conv's output (the next conv's padded input, fused here by
+the grouping) runs after the conv over the whole int32 result instead: its border belongs to no tile.
+Channel counts that are not multiples of 16 (output) or 4 (input) are declined: the generic conv rule
+takes those, and every int8 conv on a host without VNNI (there the generic rule's
 schedule was measured faster than this tile in plain int32 arithmetic: 8.7 vs 19.3 ms for a 64-channel 3x3
 conv at 28x28 on a portable x86 target).
 """
@@ -95,8 +96,9 @@ class Int8Conv2dRule(ScheduleRule):
                 return None
         epilogue = after[-1] if after else None
         out_shape = [int(d) for d in stmt.writes[0].source.shape]
-        if epilogue is not None and [int(d) for d in sch.get(epilogue).writes[0].source.shape] != out_shape:
-            return None     # e.g. the next conv's padding written here: its border is no tile's output
+        # an epilogue writing a larger tensor (the next conv's padded input) has a border no output tile
+        # covers: it runs after the conv, over its whole output, from the int32 result
+        whole = epilogue is not None and [int(d) for d in sch.get(epilogue).writes[0].source.shape] != out_shape
 
         sch.transform_layout(producer, ("write", 0), lambda n, c, h, w: [n, c // DEPTH, h, w, c % DEPTH])
         mark_prepack(sch, conv, info.weight_read,
@@ -118,10 +120,10 @@ class Int8Conv2dRule(ScheduleRule):
         sch.unroll(nvo)
         if epilogue is not None:
             sch.compute_inline(acc)
-            out = epilogue
-        else:
-            out = acc
-        if not ok(sch.reverse_compute_at, out, xo):
+        if whole:
+            e_loops = sch.get_loops(epilogue)
+            sch.parallel(sch.fuse(*e_loops[:2]))
+        elif not ok(sch.reverse_compute_at, epilogue if epilogue is not None else acc, xo):
             return None
         # the packed data: one pass, parallel over channel groups
         p_loops = sch.get_loops(producer)
