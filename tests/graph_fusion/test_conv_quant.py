@@ -79,3 +79,15 @@ def test_nonzero_weight_zero_point_is_refused():
     init["wz"].CopyFrom(numpy_helper.from_array(np.full(24, 3, "int8"), "wz"))
     out, rec = run_pass(P, _kept(model))
     assert rec.effect_times == 0 and "zero point" in rec.not_effective[0]["failed"]
+
+
+def test_dequantize_with_other_parameters_than_its_quantize():
+    """Q(x, s, z1) -> DQ(., s, z2): the uint8 form adds 128 to the int8 values instead of re-quantizing."""
+    from onnx import numpy_helper
+    model = qdq_model("conv", cin=16, cout=32, size=6)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(7, "int8"), "zx2"))
+    dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "xq"][0]
+    dq.input[2] = "zx2"
+    out, rec = run_pass(P, _kept(model))
+    assert rec.effect_times == 1 and "quantize" in ops(out) and ops(out).count("quantize") >= 1
+    _check(model)

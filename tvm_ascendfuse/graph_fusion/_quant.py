@@ -99,14 +99,15 @@ def weight(graph: FunctionGraph, expr, out_axis: int) -> QuantWeight | None:
 
 
 def as_uint8(graph: FunctionGraph, act: QuantActivation) -> tuple[relax.Expr, int]:
-    """The activation as uint8 and its zero point. An int8 tensor produced by ``quantize`` is quantized to
-    uint8 with the zero point + 128 instead (the same values + 128, one kernel fewer); any other int8
-    tensor gets 128 added."""
+    """The activation as uint8 and its zero point. An int8 tensor produced by a ``quantize`` with the
+    dequantize's scale and zero point is quantized to uint8 with the zero point + 128 instead (the same
+    values + 128, one kernel fewer); any other int8 tensor gets 128 added."""
     if act.dtype == "uint8":
         return act.q, act.zero_point
     zp = act.zero_point + 128
     val = graph.call(act.q, "relax.quantize")
-    if val is not None and graph.scalar(val.args[2]) is not None:
+    # only when the quantize writes exactly what the dequantize reads (same scale and zero point)
+    if val is not None and graph.scalar(val.args[1]) == act.scale and graph.scalar(val.args[2]) == act.zero_point:
         return relax.op.quantize(val.args[0], val.args[1], relax.const(zp, "uint8"), int(val.attrs.axis),
                                  "uint8"), zp
     wide = relax.op.add(relax.op.astype(act.q, "int32"), relax.const(128, "int32"))
