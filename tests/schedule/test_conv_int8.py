@@ -66,3 +66,47 @@ def test_epilogue_writing_the_next_convs_padding_runs_after_the_conv():
     padded = [k for k in result.report.kernels if k["ops"][-1].startswith("pad")]
     vnni = has_int8_dot(get_target("ascend910b").host_target())
     assert padded and all(k["rule"] == ("conv2d_int8" if vnni else "conv2d") for k in padded)
+
+
+def _conv_node(model, src, dst, cout, cin, seed, kernel=1):
+    """Append DQ(W_q) -> Conv(src) -> Q -> DQ writing ``dst`` (a QDQ conv as ORT's quantizer leaves it)."""
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    g, w = model.graph, f"w{seed}"
+    g.initializer.extend([
+        numpy_helper.from_array(rng.integers(-127, 128, (cout, cin, kernel, kernel)).astype("int8"), w + "q"),
+        numpy_helper.from_array((rng.uniform(0.5, 1.5, cout) * 0.01 / np.sqrt(cin)).astype("float32"), w + "s"),
+        numpy_helper.from_array(np.zeros(cout, "int8"), w + "z"),
+        numpy_helper.from_array(np.array(0.03, "float32"), w + "os"), numpy_helper.from_array(np.array(3, "int8"), w + "oz")])
+    g.node.extend([helper.make_node("DequantizeLinear", [w + "q", w + "s", w + "z"], [w + "d"], axis=0),
+                   helper.make_node("Conv", [src, w + "d"], [w + "y"], kernel_shape=[kernel, kernel],
+                                    pads=[kernel // 2] * 4),
+                   helper.make_node("QuantizeLinear", [w + "y", w + "os", w + "oz"], [w + "yq"]),
+                   helper.make_node("DequantizeLinear", [w + "yq", w + "os", w + "oz"], [dst])])
+
+
+@pytest.mark.parametrize("form", ["siblings", "residual"])
+def test_sibling_convs_and_a_residual_chain(form):
+    """Sibling int8 convs of one input (merged by the sibling merge, the parts sliced in the epilogue) and a
+    conv whose requantized output feeds both the next conv (uint8) and a residual add (int8)."""
+    from onnx import helper
+    model = qdq_model("conv", cin=32, cout=32, size=14, kernel=1, pad=0)
+    g = model.graph
+    if form == "siblings":
+        _conv_node(model, "y", "ca", 32, 32, 11)
+        _conv_node(model, "y", "cb", 48, 32, 12)
+        g.node.append(helper.make_node("Concat", ["ca", "cb"], ["out"], axis=1))
+        shape = [1, 80, 14, 14]
+    else:
+        _conv_node(model, "y", "ca", 32, 32, 11)
+        g.node.append(helper.make_node("Add", ["ca", "y"], ["out"]))
+        shape = [1, 32, 14, 14]
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("out", 1, shape))
+    inputs = _inputs(model)
+    result = compile_ours(import_onnx(model), portable=False)
+    vnni = has_int8_dot(get_target("ascend910b").host_target())
+    assert set(_conv_rules(result)) == ({"conv2d_int8"} if vnni else {"conv2d"})
+    assert not result.report.to_dict().get("rule_errors")
+    cos, _ = agreement(run_vm(result.executable, inputs), run_ort(model, inputs))
+    assert cos >= 0.999

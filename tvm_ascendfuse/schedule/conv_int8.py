@@ -89,16 +89,13 @@ class Int8Conv2dRule(ScheduleRule):
             if not _param(sch, data):
                 return None
             producer = sch.cache_read(conv, info.data_read, "global")
-        # epilogue: one block computing the output from the accumulator
-        after = blocks[ci + 1:]
-        for blk in after[:-1]:
-            if not ok(sch.compute_inline, blk):
-                return None
-        epilogue = after[-1] if after else None
+        # epilogue: what can be inlined is; the blocks left write the kernel's outputs (a residual kernel
+        # writes the next conv's uint8 input and the int8 tensor the residual add reads)
+        epilogue = [blk for blk in blocks[ci + 1:] if not ok(sch.compute_inline, blk)]
         out_shape = [int(d) for d in stmt.writes[0].source.shape]
         # an epilogue writing a larger tensor (the next conv's padded input) has a border no output tile
         # covers: it runs after the conv, over its whole output, from the int32 result
-        whole = epilogue is not None and [int(d) for d in sch.get(epilogue).writes[0].source.shape] != out_shape
+        whole = any([int(d) for d in sch.get(blk).writes[0].source.shape] != out_shape for blk in epilogue)
 
         sch.transform_layout(producer, ("write", 0), lambda n, c, h, w: [n, c // DEPTH, h, w, c % DEPTH])
         mark_prepack(sch, conv, info.weight_read,
@@ -118,13 +115,20 @@ class Int8Conv2dRule(ScheduleRule):
         sch.tensorize(fi, DOT_16x4_U8S8)
         sch.unroll(xi)
         sch.unroll(nvo)
-        if epilogue is not None:
+        if not epilogue:
+            # the int32 result itself is the output: copied out of the [n, y, x, f] accumulator in one pass
+            # (TVM 0.27 cannot move this copy under the tile loop: reverse_compute_at fails inside its error
+            # reporting)
+            loops = sch.get_loops(acc)
+            sch.parallel(sch.fuse(*loops[:2]))
+        else:
             sch.compute_inline(acc)
-        if whole:
-            e_loops = sch.get_loops(epilogue)
-            sch.parallel(sch.fuse(*e_loops[:2]))
-        elif not ok(sch.reverse_compute_at, epilogue if epilogue is not None else acc, xo):
-            return None
+            for blk in epilogue:
+                if whole:
+                    loops = sch.get_loops(blk)
+                    sch.parallel(sch.fuse(*loops[:2]))
+                elif not ok(sch.reverse_compute_at, blk, xo):
+                    return None
         # the packed data: one pass, parallel over channel groups
         p_loops = sch.get_loops(producer)
         sch.parallel(sch.fuse(*p_loops[:2]))
