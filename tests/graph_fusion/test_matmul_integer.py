@@ -49,7 +49,7 @@ def test_matmul_integer_becomes_int8_gemm_and_matches_onnxruntime(tmp_path, batc
     assert len(_int8_matmuls(out)) == 2
     x = np.random.default_rng(1).standard_normal([d.dim_value for d in model.graph.input[0].type.tensor_type
                                                   .shape.dim]).astype("float32")
-    result = compile_ours(import_onnx(model), portable=False)
+    result = compile_ours(import_onnx(model), portable=False, switches={"GraphFusion": {P.switch_name: "on"}})
     ours, ref = run_vm(result.executable, [x]), run_ort(model, [x])
     cos, diff = agreement(ours, ref)
     # same integers as ORT: only float rounding of the scale products differs
@@ -57,6 +57,12 @@ def test_matmul_integer_becomes_int8_gemm_and_matches_onnxruntime(tmp_path, batc
     # the last GEMM runs on the int8 rule (the first one's kernel also takes the next DynamicQuantizeLinear's
     # max over its output: the GEMM+reduction rule schedules that one)
     assert result.report.kernels[-1]["rule"] == "matmul_int8"
+
+
+def test_off_by_default(tmp_path):
+    result = compile_ours(import_onnx(_mlp(tmp_path)), portable=False)
+    rec = result.report.get(P.switch_name)
+    assert rec.match_times == 2 and rec.effect_times == 0
 
 
 def test_switched_off_keeps_the_int32_matmul(tmp_path):
