@@ -71,6 +71,11 @@ class PublicModel:
     dynamo: bool = False
     int_high: int | None = None      # integer inputs are drawn from [0, int_high)
     notes: list[str] = field(default_factory=list)
+    # a quantized variant: ``build`` unused; the fp32 export of ``base`` goes through onnxruntime's quantizer,
+    # "qdq" (quantize_static, QDQ format, per-channel int8 weights, int8 activations, calibrated on
+    # CALIBRATION_INPUTS random inputs) or "dynamic" (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger)
+    quantize: str | None = None
+    base: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -337,6 +342,57 @@ MODELS: dict[str, PublicModel] = {m.name: m for m in [
                 f"{BIGRU['steps']} steps, batch-first, linear head", _recurrent("GRU", BIGRU, bidirectional=True)),
 ]}
 
+CALIBRATION_INPUTS = 4   # random inputs quantize_static calibrates the activation ranges on
+
+
+def _quantized(name: str, base: str, how: str) -> PublicModel:
+    spec = MODELS[base]
+    what = ("onnxruntime quantize_static (QDQ, per-channel int8 weights, int8 activations, random "
+            "calibration)" if how == "qdq" else "onnxruntime quantize_dynamic (int8 weights, MatMulInteger)")
+    return PublicModel(name, spec.family, f"{spec.description}, {what}", spec.build, dynamo=spec.dynamo,
+                       int_high=spec.int_high, quantize=how, base=base)
+
+
+MODELS.update({m.name: m for m in [_quantized("resnet50_qdq", "resnet50", "qdq"),
+                                   _quantized("mobilenet_v2_qdq", "mobilenet_v2", "qdq"),
+                                   _quantized("bert_dynamic", "bert", "dynamic")]})
+
+
+def quantize(src: Path, dst: Path, how: str) -> None:
+    """``src`` (fp32 ONNX) quantized by onnxruntime's tools into ``dst`` (see ``PublicModel.quantize``)."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+
+    if how == "dynamic":
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    else:
+        import profile_kernels      # the benchmark's own input generator (seeded)
+
+        model = onnx.load(str(src), load_external_data=False)
+        names = [i.name for i in model.graph.input]
+        # seeds apart from the benchmark's own input (seed 0): it is not among the calibration inputs
+        feeds = [dict(zip(names, profile_kernels.model_inputs(model, seed=1000 + k)))
+                 for k in range(CALIBRATION_INPUTS)]
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self.items = iter(feeds)
+
+            def get_next(self):
+                return next(self.items, None)
+
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    model = onnx.load(str(dst))
+    kept = {p.key for p in model.metadata_props}
+    for p in onnx.load(str(src), load_external_data=False).metadata_props:
+        if p.key not in kept:
+            entry = model.metadata_props.add()
+            entry.key, entry.value = p.key, p.value
+    onnx.save(model, str(dst))
+
+
 # Known failures of TVM 0.27 itself (its default pipeline), recorded by the benchmark next to the result.
 KNOWN_TVM_FAILURES = {"shufflenet_v2_x1_0", "swin_t"}
 
@@ -358,6 +414,14 @@ def export(name: str, folder: str | os.PathLike | None = None, force: bool = Fal
     if path.is_file() and not force:
         return path
     spec = MODELS[name]
+    if spec.quantize:
+        src = export(spec.base, folder, log=log)
+        t = time.perf_counter()
+        tmp = path.with_suffix(".tmp.onnx")
+        quantize(src, tmp, spec.quantize)
+        os.replace(tmp, path)
+        log(f"quantized {spec.base} -> {path} ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t:.1f} s)")
+        return path
     torch = _torch()
     import onnx
 

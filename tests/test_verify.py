@@ -222,3 +222,26 @@ def test_bf16_mode_on_310p_is_a_user_error(tmp_path, capsys):
                    "--precision-mode", "force_bf16"])
     assert status == 2
     assert "force_bf16" in capsys.readouterr().err
+
+
+def test_quantized_model_is_verified_by_cosine_and_steps(tmp_path, capsys):
+    """A QDQ model verifies against onnxruntime by cosine (its rounding differs a step here and there);
+    a build that is wrong by more than rounding still fails."""
+    from tests.graph_fusion.quant_models import qdq_model
+    from tvm_ascendfuse.verify import QUANT_COSINE, is_quantized
+
+    model = qdq_model("conv", residual=True)
+    path = tmp_path / "qdq.onnx"
+    onnx.save(model, str(path))
+    assert is_quantized(import_onnx(model)) and not is_quantized(import_onnx(SMALL["W6"]()))
+    assert main(["compile", str(path), "-o", str(tmp_path / "o"), "--portable", "--verify"]) == 0
+    printed = capsys.readouterr().out
+    assert "cosine" in printed and "quantized model" in printed
+    report = json.loads((tmp_path / "o" / "fusion_result.json").read_text())
+    assert report["verify"]["outputs"][0]["cosine"] >= QUANT_COSINE
+    ref = np.random.default_rng(0).standard_normal(1000).astype("float32")
+    assert compare("y", np.round(ref * 10) / 10, ref, quantized=True).ok          # a rounding step apart
+    assert not compare("y", ref + np.random.default_rng(1).standard_normal(1000).astype("float32"), ref,
+                       quantized=True).ok                                          # noise as large as the signal
+    q = np.arange(-5, 5, dtype="int8")
+    assert compare("q", q + 1, q, quantized=True).ok and not compare("q", q + 2, q, quantized=True).ok

@@ -35,6 +35,9 @@ MAX_ELEMENTS = 4096
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"}
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+# Ops left to the importer even on constant inputs: a quantized weight stays int8 with its scales, so the
+# int8 graph passes can read them (folded here it would reach them as float32 with the scales lost).
+_KEPT = {"DequantizeLinear"}
 
 
 @dataclass
@@ -100,7 +103,7 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 
 
 def _foldable(node: onnx.NodeProto) -> bool:
-    return (node.domain in _DEFAULT_DOMAINS and node.op_type not in _NONDETERMINISTIC
+    return (node.domain in _DEFAULT_DOMAINS and node.op_type not in _NONDETERMINISTIC and node.op_type not in _KEPT
             and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute))
 
 

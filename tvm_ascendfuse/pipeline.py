@@ -47,8 +47,9 @@ def graph_fusion_phase(target, switches, report):
     """Phase 1: math-equivalent rewrites (BN folding, bias merges, Focus, norm recognition, split)."""
     options = {MatMulSiblingMergeFusionPass: {"query_apart": _query_apart(switches)}}
     # constants first: tables computed from constants (RoPE's cos/sin, masks built in the graph, scales
-    # computed with sqrt) are then constants the passes can read
-    passes = [relax.transform.DeadCodeElimination(), SafeFoldConstant()]
+    # computed with sqrt) are then constants the passes can read; quantized weights stay int8 under their
+    # dequantize for the int8 passes (the fold after the list folds what those left)
+    passes = [relax.transform.DeadCodeElimination(), SafeFoldConstant(keep=("relax.dequantize",))]
     passes += [cls(target, report, enabled=switches.is_on(cls.switch_name), **options.get(cls, {}))
                for cls in GRAPH_FUSION_PASSES]
     return passes + [SafeFoldConstant(), relax.transform.DeadCodeElimination()]

@@ -107,9 +107,15 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
              note="first product(s) -> elementwise -> second product (+ injective, + row norm), per row block"),
     RuleSpec("multi-matmul", r"[EL]*G[EL]*(G[EL]*)+", SPECIALISED, chained=False,
              note="independent products combined elementwise (SwiGLU)"),
+    # The int8 rules take the kernels of the quantized passes (int8 operands, int32 accumulation): the kinds do
+    # not carry operand dtypes, so the table predicts the float rule for them (same rank), never these.
+    RuleSpec("matmul_int8", r"(?!)", SPECIALISED, note="one int8 GEMM (u8 x s8 -> s32, VNNI where the host has "
+             "it) + requantize/dequantize epilogue; predicted as matmul"),
     RuleSpec("matmul", r"[ELRel]*G[ELel]*", SPECIALISED,
              note="one GEMM, injective or row-norm prologue, injective epilogue (with several outputs: the "
                   "slices of a merged sibling projection)"),
+    RuleSpec("conv2d_int8", r"(?!)", SPECIALISED, note="one int8 conv2d (u8 x s8 -> s32) + epilogue; predicted "
+             "as conv2d"),
     RuleSpec("conv2d", r"[ELel]*C[ELel]*", SPECIALISED, note="one conv2d (groups=1), injective prologue/epilogue"),
     RuleSpec("grouped-conv2d", r"[ELel]*Q([ELel]*|[ELel]*[el]M[EL]*)", SPECIALISED,
              note="one grouped conv2d + injective epilogue, and the global pool of its output (an SE's mean)"),

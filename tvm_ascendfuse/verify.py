@@ -37,6 +37,13 @@ TOLERANCE = {"float64": (1e-7, 1e-7), "float32": (1e-3, 1e-4), "float16": (1e-2,
 # own fp16 run by 1.2-1.4% of the output's scale with a cosine of 0.9999; bf16 keeps 3 fewer mantissa bits.
 STORAGE_TOLERANCE = {"float16": (3e-2, 0.999), "bfloat16": (1e-1, 0.99)}
 SYMBOLIC_DIM = 8
+# A quantized model (quantize/dequantize ops, int8 GEMMs) is not computed the same way by two runtimes: a
+# value on a rounding boundary goes one way or the other, and the step propagates. Its float outputs are
+# compared by cosine similarity (the direction of the output: a wrong kernel gives far less), its integer
+# outputs within one quantization step.
+QUANT_COSINE = 0.99
+QUANT_INT_STEPS = 1
+_QUANT_OPS = ("relax.quantize", "relax.dequantize")
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 NO_OP, SKIP_RUN = int(relax.VMInstrumentReturnKind.NO_OP), int(relax.VMInstrumentReturnKind.SKIP_RUN)
 
@@ -67,9 +74,33 @@ class Comparison:
         return out
 
 
-def compare(name: str, ours: np.ndarray, ref: np.ndarray, storage: str | None = None) -> Comparison:
+def is_quantized(mod: tvm.IRModule) -> bool:
+    """Whether a Relax module quantizes or dequantizes anything (a QDQ or dynamically quantized model)."""
+    found = []
+
+    def visit(expr):
+        if not found and isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+                and expr.op.name in _QUANT_OPS:
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return bool(found)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, "float64").ravel(), np.asarray(b, "float64").ravel()
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b / (na * nb))
+
+
+def compare(name: str, ours: np.ndarray, ref: np.ndarray, storage: str | None = None,
+            quantized: bool = False) -> Comparison:
     """``storage``: the 16-bit dtype the build keeps its tensors in (None: the output's own dtype decides
-    the tolerance)."""
+    the tolerance); ``quantized``: the tolerances of a quantized model (``QUANT_COSINE``, ``QUANT_INT_STEPS``)."""
     ours, ref = np.asarray(ours), np.asarray(ref)
     if storage in STORAGE_TOLERANCE and ref.dtype.kind == "f":
         return _compare_sixteen_bit(name, ours, ref, storage)
@@ -77,6 +108,8 @@ def compare(name: str, ours: np.ndarray, ref: np.ndarray, storage: str | None = 
     rtol, atol = tolerance(dtype)
     if ours.shape != ref.shape:
         return Comparison(name, dtype, ref.shape, float("inf"), float("inf"), rtol, atol, False)
+    if quantized:
+        return _compare_quantized(name, ours, ref)
     a, b = ours.astype("float64"), ref.astype("float64")
     finite = np.isfinite(a) & np.isfinite(b)
     diff = np.abs(a - b, where=finite, out=np.zeros_like(a))
@@ -110,6 +143,23 @@ def _compare_sixteen_bit(name: str, ours: np.ndarray, ref: np.ndarray, storage: 
     rel = diff / scale if scale else diff
     ok = rel <= atol and cos >= min_cos
     return Comparison(name, dtype, ref.shape, diff, rel, 0.0, atol, ok, cos, min_cos)
+
+
+def _compare_quantized(name: str, ours: np.ndarray, ref: np.ndarray) -> Comparison:
+    a, b = ours.astype("float64"), ref.astype("float64")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        same = bool(np.array_equal(np.isnan(a), np.isnan(b)) and np.array_equal(a[~np.isnan(a)], b[~np.isnan(b)]))
+        return Comparison(name, str(ref.dtype), ref.shape, float("inf"), float("inf"), 0.0, 0.0, same)
+    diff = np.abs(a - b)
+    max_abs = float(diff.max(initial=0.0))
+    scale = float(np.abs(b).max(initial=0.0))
+    if ref.dtype.kind in "iu":      # quantized values: at most QUANT_INT_STEPS apart
+        return Comparison(name, str(ref.dtype), ref.shape, max_abs, max_abs / scale if scale else max_abs,
+                          0.0, float(QUANT_INT_STEPS), max_abs <= QUANT_INT_STEPS)
+    cos = cosine(a, b)
+    return Comparison(name, str(ref.dtype), ref.shape, max_abs, max_abs / scale if scale else max_abs,
+                      0.0, 0.0, cos >= QUANT_COSINE, cosine=cos,
+                      min_cosine=QUANT_COSINE)
 
 
 # ---- inputs -------------------------------------------------------------------------------------------
@@ -272,8 +322,9 @@ class _Replay:
     """VM instrument on the unscheduled build: before kernel i, its non-constant inputs are overwritten with
     ours; after it, its outputs are compared with ours. Kernels after the first difference are skipped."""
 
-    def __init__(self, plan: list, on_result, storage: str | None = None):
+    def __init__(self, plan: list, on_result, storage: str | None = None, quantized: bool = False):
         self.plan, self.on_result, self.storage = plan, on_result, storage
+        self.quantized = quantized
         self.names = {p[0] for p in plan}
         self.index = 0
         self.done = False
@@ -292,16 +343,18 @@ class _Replay:
                         and tuple(args[i].shape) == src.shape:
                     args[i].copyfrom(src)    # converts a 16-bit build's tensor to the kernel's float32
             return NO_OP
-        diffs = [compare(f"output {j}", ours_args[n_in + j], args[n_in + j].numpy(), self.storage)
+        diffs = [compare(f"output {j}", ours_args[n_in + j], args[n_in + j].numpy(), self.storage,
+                         self.quantized)
                  for j in range(n_out)]
         self.index += 1
         self.done = bool(self.on_result(self.index - 1, diffs))
         return NO_OP
 
 
-def bisect(result, inputs, func: str = "main") -> dict:
+def bisect(result, inputs, func: str = "main", quantized: bool = False) -> dict:
     """The first kernel (execution order) whose output differs from its unscheduled PrimFunc on the same
-    inputs, with its source ops; or a note that every kernel agrees on its own inputs."""
+    inputs, with its source ops; or a note that every kernel agrees on its own inputs. ``quantized``: kernels
+    are compared with the tolerances of a quantized model."""
     from .pipeline import lowering_phase
 
     scheduled = _kernel_calls(result.scheduled_module, func)
@@ -341,7 +394,7 @@ def bisect(result, inputs, func: str = "main") -> dict:
         return False
 
     try:
-        run_executable(reference, inputs, func, _Replay(plan, on_result, storage_dtype(result)))
+        run_executable(reference, inputs, func, _Replay(plan, on_result, storage_dtype(result), quantized))
     finally:
         shown.close()
     if found:
@@ -390,11 +443,12 @@ def verify_compiled(result, original: tvm.IRModule, reference: Callable | None =
     refs = reference(inputs)
     names = [f"output {i}" for i in range(len(refs))]
     storage = storage_dtype(result)
-    outputs = [compare(n, o, r, storage) for n, o, r in zip(names, ours, refs)]
+    quantized = is_quantized(original)
+    outputs = [compare(n, o, r, storage, quantized) for n, o, r in zip(names, ours, refs)]
     if len(ours) != len(refs):
         outputs.append(Comparison("output count", "-", (len(ours),), float("inf"), float("inf"), 0, 0, False))
     ok = all(c.ok for c in outputs)
-    bisection = None if ok else bisect(result, inputs, func)
+    bisection = None if ok else bisect(result, inputs, func, quantized)
     res = VerifyResult(ok, reference_name or "reference", seed, info, outputs, bisection,
                        time.perf_counter() - t0)
     result.report.sections["verify"] = res.to_dict()
@@ -406,10 +460,15 @@ def verify_text(section: dict) -> str:
     lines = [f"verify against {section['reference']} (seed {section['seed']}): "
              f"{'OK' if section['ok'] else 'MISMATCH'}"]
     for o in section["outputs"]:
-        if o.get("min_cosine") is not None:
+        if o.get("min_cosine") is not None and "/" in o["dtype"]:      # a 16-bit build
             cos = "-" if o.get("cosine") is None else f"{o['cosine']:.6f}"
             lines.append(f"  {o['name']:10s} {o['dtype']:8s} max abs {o['max_abs']:.3g}  max rel {o['max_rel']:.3g}  "
                          f"cosine {cos}  (max rel <= {o['atol']:g}, cosine >= {o['min_cosine']:g})  "
+                         f"{'ok' if o['ok'] else 'MISMATCH'}")
+            continue
+        if o.get("cosine") is not None:       # a quantized model's float output
+            lines.append(f"  {o['name']:10s} {o['dtype']:8s} cosine {o['cosine']:.5f} (>= {QUANT_COSINE:g}: "
+                         f"quantized model)  max abs {o['max_abs']:.3g}  max rel {o['max_rel']:.3g}  "
                          f"{'ok' if o['ok'] else 'MISMATCH'}")
             continue
         lines.append(f"  {o['name']:10s} {o['dtype']:8s} max abs {o['max_abs']:.3g}  max rel {o['max_rel']:.3g}  "

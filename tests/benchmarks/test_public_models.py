@@ -122,3 +122,37 @@ def test_llama_decode_step_with_symbolic_cache_imports_compiles_and_matches(tmp_
                           rng.standard_normal([1, pm.LLAMA["num_key_value_heads"], length, 64]).astype("float32"))
                  for i in sess.get_inputs()}
         assert_close(run_vm(result.executable, list(feeds.values())), sess.run(None, feeds), rtol=0, atol=1e-3)
+
+
+def test_quantized_variants_go_through_onnxruntimes_quantizer(tmp_path):
+    """The *_qdq / *_dynamic entries: QDQ with per-channel int8 weights and int8 activations, or
+    MatMulInteger; the fp32 model's metadata (family) is kept."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    assert {"resnet50_qdq", "mobilenet_v2_qdq", "bert_dynamic"} <= set(pm.MODELS)
+    assert pm.MODELS["bert_dynamic"].quantize == "dynamic" and pm.MODELS["resnet50_qdq"].base == "resnet50"
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("MatMul", ["f", "m"], ["output"])], "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype("float32"), "w"),
+         numpy_helper.from_array(rng.standard_normal((1024, 10)).astype("float32"), "m")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    entry = model.metadata_props.add()
+    entry.key, entry.value = pm.FAMILY_KEY, "cnn"
+    src = tmp_path / "f.onnx"
+    onnx.save(model, str(src))
+    pm.quantize(src, tmp_path / "q.onnx", "qdq")
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    weight_dq = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
+                 and inits[n.input[0]].dtype == np.int8 and inits[n.input[0]].ndim == 4]
+    assert weight_dq and inits[weight_dq[0].input[1]].shape == (16,)          # per-channel scales
+    assert {p.key: p.value for p in q.metadata_props}[pm.FAMILY_KEY] == "cnn"
+    pm.quantize(src, tmp_path / "d.onnx", "dynamic")
+    assert "MatMulInteger" in {n.op_type for n in onnx.load(str(tmp_path / "d.onnx")).graph.node}

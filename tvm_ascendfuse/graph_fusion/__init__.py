@@ -7,6 +7,10 @@
    matchers below need static shapes too. ``IdentityCopyFusionPass`` right after it drops the kernel calls
    that have become plain copies with the static shapes (a shape-dependent ONNX Pad by zero: Swin), so no
    matcher or rule sees them.
+   ``Conv2DQuantFusionPass``, ``MatMulQuantFusionPass`` and ``DynamicQuantMatMulFusionPass`` next, before anything reads weights: they need
+   the quantized weights as the model stores them (int8 constants under ``dequantize``, which the
+   pipeline's first constant fold keeps; the fold after the list turns the rest into float32 constants,
+   and until then ``FunctionGraph.const`` reads a dequantized constant as its float32 value).
 1. ``FocusConvFusionPass`` first of the rewrites: it replaces the Focus conv by a new stride-2 conv, so a BatchNorm after
    it is later folded into *that* conv.
 2. ``ScaledDotProductAttentionFusionPass`` then ``TransposeChainFusionPass``: one-op attention (PyTorch
@@ -56,6 +60,7 @@ from .concat_split import ConcatSplitFusionPass
 from .conv_batchnorm import ConvBatchnormFusionPass
 from .conv1d import Conv1dAsConv2dFusionPass
 from .conv_bias_add import ConvBiasAddFusionPass
+from .conv_quant import Conv2DQuantFusionPass
 from .conv_sibling_merge import ConvSiblingMergeFusionPass
 from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
@@ -65,6 +70,8 @@ from .identity_copy import IdentityCopyFusionPass
 from .layer_norm import LayerNormFusionPass
 from .layout_chain import LayoutChainFusionPass
 from .matmul_bias_add import MatMulBiasAddFusionPass
+from .matmul_quant import MatMulQuantFusionPass
+from .matmul_integer import DynamicQuantMatMulFusionPass
 from .matmul_sibling_merge import MatMulSiblingMergeFusionPass
 from .packed_qkv import PackedQkvFusionPass
 from .rms_norm import RMSNormFusionPass
@@ -76,6 +83,9 @@ from .transpose_chain import TransposeChainFusionPass
 GRAPH_FUSION_PASSES: list = [
     StaticShapeCanonicalizePass,
     IdentityCopyFusionPass,
+    Conv2DQuantFusionPass,
+    MatMulQuantFusionPass,
+    DynamicQuantMatMulFusionPass,
     FocusConvFusionPass,
     ScaledDotProductAttentionFusionPass,
     TransposeChainFusionPass,

@@ -135,6 +135,8 @@ class FunctionGraph:
         if isinstance(val, GenericConst):
             return val.value.numpy()
         name = op_name(val)
+        if name == "relax.dequantize":      # a quantized weight the pipeline keeps int8 until the int8 passes
+            return self._dequantized(expr, val)
         if name not in _CONST_LAYOUT_OPS:
             return None
         src = self.const(val.args[0])
@@ -163,6 +165,9 @@ class FunctionGraph:
         if isinstance(val, GenericConst):
             return tuple(int(d) for d in val.value.shape), str(val.value.dtype)
         name = op_name(val)
+        if name == "relax.dequantize":
+            src = self.const_shape(val.args[0])
+            return None if src is None else (src[0], str(val.attrs.out_dtype))
         if name not in _CONST_LAYOUT_OPS:
             return None
         src = self.const_shape(val.args[0])
@@ -182,6 +187,18 @@ class FunctionGraph:
         if out_shape is not None and res != tuple(out_shape):
             return None
         return res, dtype
+
+    def _dequantized(self, expr, val) -> np.ndarray | None:
+        """``dequantize(q, scale, zero_point, axis)`` of constants, as TVM computes it (float32)."""
+        q, scale, zp = (self.const(a) for a in val.args[:3])
+        if q is None or scale is None or zp is None:
+            return None
+        shape = [1] * q.ndim
+        if scale.size > 1 or zp.size > 1:
+            axis = int(val.attrs.axis) % q.ndim
+            shape[axis] = q.shape[axis]
+        res = (q.astype("int32") - zp.astype("int32").reshape(shape)) * scale.astype("float32").reshape(shape)
+        return res.astype(str(val.attrs.out_dtype))
 
     def scalar(self, expr) -> float | None:
         """The value of a one-element constant (shape () or all ones), else None."""

@@ -62,9 +62,10 @@ def has_foldable_call(mod: tvm.IRModule) -> bool:
     return False
 
 
-def constant_bindings(func: relax.Function) -> list:
+def constant_bindings(func: relax.Function, keep: tuple = ()) -> list:
     """The dataflow bindings FoldConstant would fold: calls of ops whose arguments are constant(-like),
-    directly or through such bindings, in binding order."""
+    directly or through such bindings, in binding order; calls of the ops in ``keep`` (and what is computed
+    from them) are not picked."""
     bound, picked, folded = {}, [], set()
 
     def const_like(e) -> bool:
@@ -82,6 +83,7 @@ def constant_bindings(func: relax.Function) -> list:
             v = b.value
             if isinstance(block, relax.DataflowBlock) and isinstance(v, relax.Call) \
                     and not isinstance(v.op, relax.GlobalVar) \
+                    and not (isinstance(v.op, tvm.ir.Op) and v.op.name in keep) \
                     and (all(const_like(a) for a in v.args) or static_shape_of(v) is not None):
                 picked.append(b)
                 folded.add(b.var.__chandle__())
@@ -164,6 +166,13 @@ class _Fold(relax.PyExprMutator):
 
 
 class SafeFoldConstant(PyPass):
+    """``keep``: ops left unfolded on constant inputs (the pipeline's first fold keeps ``relax.dequantize``
+    of quantized weights, so the int8 passes read the integer weights and their scales); then the module is
+    folded only when the kept ops leave other foldable calls, and only those are folded."""
+
+    def __init__(self, keep: tuple = ()):
+        self.keep = tuple(keep)
+
     def pass_name(self) -> str:
         return "AscendSafeFoldConstant"
 
@@ -171,24 +180,26 @@ class SafeFoldConstant(PyPass):
         if not has_foldable_call(mod):
             return mod
         try:
-            folded = self._fold(mod)
+            folded = self._fold(mod, self.keep)
         except Exception:  # noqa: BLE001 - an op whose legalizer raises (input shape known only at run time)
             return mod      # is left to LegalizeOps, which reports it (legalize.CheckedLegalizeOps)
         return folded if folded.same_as(mod) or is_well_formed(folded) else mod
 
     @staticmethod
-    def _fold(mod: tvm.IRModule) -> tvm.IRModule:
+    def _fold(mod: tvm.IRModule, keep: tuple = ()) -> tvm.IRModule:
         """FoldConstant's result, computed on the constant bindings of each function alone
         (``fold_bindings``), or by FoldConstant on the module when those do not form a function."""
         updates = {}
         for gv, func in mod.functions.items():
             if not isinstance(func, relax.Function):
                 continue
-            picked = constant_bindings(func)
+            picked = constant_bindings(func, keep)
             if not picked:
                 continue
             new = fold_bindings(func, picked)
             if new is None:
+                if keep:    # FoldConstant on the whole module would fold the kept ops too
+                    continue
                 return relax.transform.FoldConstant()(mod)
             if not new.same_as(func):
                 updates[gv] = new

@@ -37,6 +37,7 @@ from .chained_gemm import ChainedGemmRule
 from .code_size import bound_code_size
 from .common import host_of
 from .conv import Conv2dRule
+from .conv_int8 import Int8Conv2dRule
 from .decode_attention import DecodeAttentionRule
 from .depthwise_conv import DepthwiseConv2dRule
 from .elementwise import ElementwiseRule
@@ -47,6 +48,7 @@ from .gemv import GemvRule
 from .row_dot import RowDotRule
 from .indices import simplify_indices
 from .matmul import MatmulRule
+from .matmul_int8 import Int8MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
@@ -59,7 +61,8 @@ from .tuned import tuned_rules
 # whatever else the kernel holds). Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
 DEFAULT_RULES = (SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule, AttentionProjectionRule, AttentionRule,
-                 ChainedGemmRule, MultiGemmRule, MatmulRule, Conv2dRule, GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
+                 ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule, Int8Conv2dRule, Conv2dRule,
+                 GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
 

@@ -48,3 +48,9 @@ def host_vector(host) -> HostVector:
     if _has("neon", host) or "aarch64" in str(host.attrs.get("mtriple", "")):
         return HostVector(128, 32, cores)
     return HostVector(128, 16, cores)
+
+
+def has_int8_dot(host) -> bool:
+    """The host has AVX-512 VNNI's ``vpdpbusd`` (u8 x s8 products summed in fours into int32 lanes)."""
+    host = host_of(host)
+    return host is not None and host.kind.name == "llvm" and _has("avx512vnni", host)

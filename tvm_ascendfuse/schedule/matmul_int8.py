@@ -1,0 +1,130 @@
+"""Int8MatmulRule: a uint8 x int8 -> int32 GEMM (+ injective epilogue) on the host's int8 dot product.
+
+Recognised from the blocks: one ``C[.., m, n] += int32(A[.., m, k]) * int32(B[k, n])`` block with A uint8,
+B an int8 constant (layout-free parameter) and C int32, every other block injective (the zero-point
+correction, scale, bias, activation, the next quantize: ``graph_fusion/matmul_quant``). No batch on B.
+
+Schedule: B packed once at compile time to ``B'[n // 16, k // 4, n % 16, k % 4]`` (16 columns x 4 depths
+= one 64-byte vector per step); a register tile of ``mr`` rows x ``nv`` 16-lane int32 vectors accumulates
+over K, each step one ``vpdpbusd`` per vector (AVX-512 VNNI: 4 u8 x s8 products summed into each int32
+lane; ``tensor_intrin.x86`` ``dot_16x4_vnni``), the A bytes broadcast per row. The epilogue runs on each
+finished tile, vectorised along N. Without VNNI the same tile is computed with plain int32 vector
+arithmetic (exact, slower). Shapes the tile does not divide (K % 4, N % 16) are declined: the generic
+GEMM rule takes them.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..target import AscendTarget
+from .analysis import find_gemm, has_reduce
+from .base import ScheduleRule
+from .common import extent, ok, root_blocks
+from .hostvec import has_int8_dot, host_vector
+from .int8_dot import DEPTH, DOT_16x4_U8S8, LANES, register_tile
+from .layout import mark_prepack, packable_param
+
+
+def _dtype(buf) -> str:
+    return str(buf.dtype)
+
+
+def _int8_gemm(sch: s_tir.Schedule):
+    found = find_gemm(sch)
+    if found is None:
+        return None
+    blocks, gi, info = found
+    if (_dtype(info.a_buf), _dtype(info.b_buf), _dtype(info.c_buf)) != ("uint8", "int8", "int32"):
+        return None
+    if info.batch or len(info.b_buf.shape) != 2:
+        return None
+    if any(has_reduce(sch, b) for i, b in enumerate(blocks) if i != gi):
+        return None
+    params = list(sch.mod["main"].params)
+    if not all(any(p.same_as(buf) for p in params) for buf in (info.a_buf, info.b_buf)):
+        return None     # A computed in the kernel (a prologue on the operand): the generic rules stage it
+    return blocks, gi, info
+
+
+class Int8MatmulRule(ScheduleRule):
+    """See the module docstring."""
+
+    name = "matmul_int8"
+
+    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        found = _int8_gemm(sch)
+        if found is None:
+            return None
+        blocks, gi, info = found
+        gemm = blocks[gi]
+        if packable_param(sch, info.b_buf) is None:
+            return None
+        loops = sch.get_loops(gemm)
+        ext = [extent(sch, lp) for lp in loops]
+        if None in ext:
+            return None
+        k_len, n_len = ext[info.k], ext[info.n]
+        if k_len % DEPTH or n_len % LANES:
+            return None
+        hv = host_vector(host)
+        # rows of the tile from the innermost M iterator (outer ones stay loops of their own: a fused M
+        # would bind the rows by division, which the intrinsic's block cannot be carved out of)
+        tile = register_tile(ext[info.m[-1]], n_len // LANES, hv.accumulators + hv.accumulators // 2)
+        if tile is None:
+            return None
+        mr, nv = tile
+
+        # the epilogue as one block computing the output from the accumulator (a kernel with a second
+        # output inside its epilogue is left to the generic rule); blocks in front of the GEMM compute epilogue
+        # operands (the widened run-time zero point) and are inlined into it too
+        for blk in blocks[:gi] + list(root_blocks(sch))[gi + 1:-1]:
+            if not ok(sch.compute_inline, blk):
+                return None
+        rest = list(root_blocks(sch))
+        epilogue = rest[-1] if len(rest) > 1 else None
+
+        b_axes = (info.b_k_axis, info.b_n_axis)
+
+        def pack(*axes):
+            k, n = axes[b_axes[0]], axes[b_axes[1]]
+            return [n // LANES, k // DEPTH, n % LANES, k % DEPTH]
+
+        mark_prepack(sch, gemm, info.b_read, pack)
+
+        loops = sch.get_loops(gemm)
+        if sorted(info.m + [info.n, info.k]) != list(range(len(loops))) or info.k != len(loops) - 1 \
+                or info.n != len(loops) - 2:
+            return None
+        m_outer = [loops[i] for i in info.m[:-1]]
+        n_loop, k_loop = loops[-2], loops[-1]
+        mo, mi = sch.split(loops[info.m[-1]], [None, mr])
+        no, nvo, ni = sch.split(n_loop, [None, nv, LANES])
+        ko, ki = sch.split(k_loop, [None, DEPTH])
+        vnni = has_int8_dot(host)
+        # VNNI: the 16 x 4 (lanes x depths) step is the intrinsic; else depths outside the 16 vector lanes
+        sch.reorder(no, *m_outer, mo, ko, mi, nvo, *((ni, ki) if vnni else (ki, ni)))
+        outer = sch.fuse(no, *m_outer, mo)
+        sch.parallel(outer)
+        # the accumulator tile lives in registers; the epilogue reads it directly, tile by tile
+        acc = sch.cache_write(gemm, 0, "global")   # the intrinsic declares global buffers
+        if not vnni:    # the same tile in int32 vector arithmetic: the 4 depths unrolled, 16 lanes a vector
+            sch.unroll(ki)
+            sch.vectorize(ni)
+        init = sch.decompose_reduction(gemm, ko)
+        sch.vectorize(sch.get_loops(init)[-1])
+        if vnni:
+            sch.tensorize(ni, DOT_16x4_U8S8)
+        sch.unroll(mi)
+        sch.unroll(nvo)
+        if epilogue is not None:
+            sch.compute_inline(acc)
+            out = epilogue
+        else:
+            out = acc
+        sch.reverse_compute_at(out, outer)
+        sch.vectorize(sch.split(sch.get_loops(out)[-1], [None, LANES])[1])
+        return sch
