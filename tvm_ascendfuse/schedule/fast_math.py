@@ -104,6 +104,14 @@ def use_fast_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     found = []
     tvm_ffi.structural_walk(func, (tvm.ir.expr.Call, lambda c: found.append(c) if isinstance(c.op, tvm.ir.Op)
                                    and c.op.name in _REWRITES else None))
-    if not found:
+    if not found or _has_bfloat16(func):
+        # a bfloat16 buffer: TVM's BF16 legalization expands every f32 -> bf16 cast into rounding arithmetic
+        # that repeats its operand, so a polynomial (its Let bindings) computed in float32 and stored as bf16
+        # (a bf16 model computed in float32, precision/compute_fp32.py) gets the same var bound twice: wrong
+        # values or a build error. libm's calls have no Lets.
         return func
     return tvm_ffi.structural_map(func, (tvm.ir.expr.Call, _rewrite_call))
+
+
+def _has_bfloat16(func: tirx.PrimFunc) -> bool:
+    return any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) == "bfloat16" for p in func.params)
