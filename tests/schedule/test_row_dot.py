@@ -51,3 +51,13 @@ def test_values_times_probabilities_are_declined():
 
 def test_many_rows_are_declined():
     check_rule(RowDotRule(), scores(group=8, rows=4), sizes={"n": 40}, expect=False)
+
+
+def test_a_query_read_across_its_rows_is_declined():
+    """Each operand must be read along the reduction: a query stored (d, rows) would be read with a stride."""
+    n = tirx.Var("n", "int64")
+
+    def build(qt, k):
+        return op.matmul(op.permute_dims(qt, [0, 1, 3, 2]), op.permute_dims(k, [0, 1, 3, 2]))
+    func = simplify_indices(fused_kernel(build, [(1, 2, 32, 4), (1, 2, n, 32)]))
+    check_rule(RowDotRule(), func, sizes={"n": 40}, expect=False)
