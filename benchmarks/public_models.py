@@ -146,6 +146,37 @@ def _vision(arch: str, **kwargs):
     return build
 
 
+YOLO_IMAGE = 640     # ultralytics detectors' default input size
+
+
+def _yolo(config: str):
+    """An ultralytics detector built from its model definition (``<config>.yaml`` ships inside the package, no
+    weights are downloaded), random weights, BatchNorm statistics from a random batch. The export is the
+    inference graph with the detection head's box decoding (DFL softmax, anchors, class sigmoids): one
+    (1, 4 + classes, anchors) output, as ultralytics' own ONNX export writes it."""
+    def build():
+        torch = _torch()
+        os.environ.setdefault("YOLO_OFFLINE", "1")
+        try:
+            from ultralytics.nn.tasks import DetectionModel
+        except ImportError as err:
+            raise SystemExit(f"the YOLO models need ultralytics (pip install ultralytics): {err}") from None
+        torch.manual_seed(SEED)
+        model = DetectionModel(config, verbose=False)
+        calibrate_batchnorm(model, (1, 3, YOLO_IMAGE, YOLO_IMAGE), torch)
+
+        class Boxes(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, x):
+                return self.inner(x)[0]
+
+        return Boxes(model).eval(), (torch.randn(1, 3, YOLO_IMAGE, YOLO_IMAGE),), ["images"]
+    return build
+
+
 class _LastHidden:
     """Wraps a transformers base model so the export has one tensor output (the last hidden state)."""
 
@@ -305,6 +336,7 @@ MODELS: dict[str, PublicModel] = {m.name: m for m in [
                 _vision("googlenet", aux_logits=False, init_weights=True)),
     PublicModel("resnext50_32x4d", "cnn", "torchvision ResNeXt-50 32x4d, 224²", _vision("resnext50_32x4d")),
     PublicModel("shufflenet_v2_x1_0", "cnn", "torchvision ShuffleNetV2 x1.0, 224²", _vision("shufflenet_v2_x1_0")),
+    PublicModel("yolov8n", "cnn", f"ultralytics YOLOv8n detector (80 classes), {YOLO_IMAGE}²", _yolo("yolov8n.yaml")),
     PublicModel("swin_t", "transformer", "torchvision Swin-T, 224²", _vision("swin_t")),
     PublicModel("vit_b_16", "transformer", "torchvision ViT-B/16, 224²", _vision("vit_b_16")),
     PublicModel("gpt2", "transformer", f"transformers GPT-2 small (default config), seq {GPT2['seq']}",
@@ -355,6 +387,7 @@ def _quantized(name: str, base: str, how: str) -> PublicModel:
 
 MODELS.update({m.name: m for m in [_quantized("resnet50_qdq", "resnet50", "qdq"),
                                    _quantized("mobilenet_v2_qdq", "mobilenet_v2", "qdq"),
+                                   _quantized("yolov8n_qdq", "yolov8n", "qdq"),
                                    _quantized("bert_dynamic", "bert", "dynamic")]})
 
 

@@ -231,3 +231,96 @@ def convnext_block(channels: int = 24, hw: int = 14, depth: int = 2, expand: int
         x = _convnext(g, x, 2 * channels, expand)
     g.nodes[-1].output[0] = "y"
     return g.finish({"y": [_batch(batch), 2 * channels, hw // 2, hw // 2]}, convnext_block.__doc__)
+
+
+def _conv_silu(g: GraphWriter, x: str, cin: int, cout: int, k: int, stride: int = 1, hint: str = "conv") -> str:
+    return _act(g, _conv(g, x, cin, cout, k, stride, hint=hint), "silu", hint + "_silu")
+
+
+def _channels(g: GraphWriter, x: str, start: int, end: int, hint: str) -> str:
+    """Channels [start, end) of an NCHW tensor, as torch's ``chunk`` exports (a Slice on axis 1)."""
+    return g.op("Slice", [x, g.ints([start]), g.ints([end]), g.ints([1])], hint)
+
+
+def _c2f(g: GraphWriter, x: str, cin: int, cout: int, n: int, hint: str) -> str:
+    """YOLOv8's C2f: 1x1 conv -> two channel halves; ``n`` residual bottlenecks (3x3 -> 3x3 + skip) grow
+    from the second half; every piece concatenated -> 1x1 conv."""
+    h = cout // 2
+    t = _conv_silu(g, x, cin, 2 * h, 1, hint=hint + "_cv1")
+    parts = [_channels(g, t, 0, h, hint + "_a"), _channels(g, t, h, 2 * h, hint + "_b")]
+    for i in range(n):
+        y = _conv_silu(g, parts[-1], h, h, 3, hint=f"{hint}_m{i}a")
+        y = _conv_silu(g, y, h, h, 3, hint=f"{hint}_m{i}b")
+        parts.append(g.op("Add", [parts[-1], y], f"{hint}_m{i}"))
+    return _conv_silu(g, g.op("Concat", parts, hint + "_cat", axis=1), (2 + n) * h, cout, 1, hint=hint + "_cv2")
+
+
+def _sppf(g: GraphWriter, x: str, c: int, hint: str = "sppf") -> str:
+    """Spatial pyramid pooling, fast: 1x1 conv, three chained 5x5 stride-1 max-pools, the four concatenated."""
+    t = _conv_silu(g, x, c, c // 2, 1, hint=hint + "_cv1")
+    pools = [t]
+    for i in range(3):
+        pools.append(g.op("MaxPool", [pools[-1]], f"{hint}_pool{i}", kernel_shape=[5, 5], strides=[1, 1],
+                          pads=[2, 2, 2, 2]))
+    return _conv_silu(g, g.op("Concat", pools, hint + "_cat", axis=1), 2 * c, c, 1, hint=hint + "_cv2")
+
+
+def _anchors(hw: int, stride: int):
+    """Anchor centres (x, y) of an hw x hw feature map, in feature-map cells, rows then columns."""
+    import numpy as np
+
+    ys, xs = np.meshgrid(np.arange(hw) + 0.5, np.arange(hw) + 0.5, indexing="ij")
+    return np.stack([xs.ravel(), ys.ravel()]).astype("float32"), np.full((1, hw * hw), stride, "float32")
+
+
+def yolo_block(channels: int = 16, hw: int = 32, classes: int = 8, reg_max: int = 8, depth: int = 1,
+               seed: int = 0) -> onnx.ModelProto:
+    """A YOLOv8-style detector in miniature, as ultralytics' ONNX export writes one: a stride-2 SiLU conv
+    stem and C2f stage, a second stride-2 stage with SPPF, a nearest-neighbour 2x upsample concatenated with
+    the first stage (the neck), and the anchor-free head on both levels: box (4 x ``reg_max`` bins) and class
+    branches concatenated, flattened over the anchors, the box distribution decoded by a softmax over the bins
+    and a fixed 1x1 conv (DFL), distances turned into centre/size boxes around the anchors times the stride,
+    class sigmoids. One output (1, 4 + classes, anchors) with boxes in input pixels."""
+    if hw % 4:
+        raise ModelError(f"yolo_block needs hw divisible by 4 (two stride-2 stages), not {hw}")
+    g = GraphWriter("yolo_block", seed)
+    c1, c2 = channels, 2 * channels
+    x = g.input("x", [1, 3, hw, hw])
+    p1 = _c2f(g, _conv_silu(g, x, 3, c1, 3, 2, hint="stem"), c1, c1, depth, "c2f1")           # stride 2
+    p2 = _sppf(g, _c2f(g, _conv_silu(g, p1, c1, c2, 3, 2, hint="down"), c2, c2, depth, "c2f2"), c2)
+    up = g.op("Resize", [p2, "", g.const([1.0, 1.0, 2.0, 2.0], "up_scales")], "up", mode="nearest",
+              coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    n1 = _c2f(g, g.op("Concat", [up, p1], "neck_cat", axis=1), c1 + c2, c1, depth, "neck")
+    no = 4 * reg_max + classes
+    levels, anchors, strides = [], [], []
+    for i, (feat, c, stride) in enumerate(((n1, c1, 2), (p2, c2, 4))):
+        box = _conv(g, _conv_silu(g, feat, c, c, 3, hint=f"box{i}"), c, 4 * reg_max, 1, hint=f"box{i}_out")
+        cls = _conv(g, _conv_silu(g, feat, c, c, 3, hint=f"cls{i}"), c, classes, 1, hint=f"cls{i}_out")
+        side = hw // stride
+        levels.append(g.op("Reshape", [g.op("Concat", [box, cls], f"head{i}", axis=1), g.ints([1, no, -1])],
+                           f"head{i}_flat"))
+        a, s = _anchors(side, stride)
+        anchors.append(a)
+        strides.append(s)
+    import numpy as np
+
+    n = sum(a.shape[1] for a in anchors)
+    y = g.op("Concat", levels, "heads", axis=2)
+    box = _channels(g, y, 0, 4 * reg_max, "box")
+    cls = _channels(g, y, 4 * reg_max, no, "cls")
+    # DFL: the expected bin of each side's distance distribution
+    t = g.op("Transpose", [g.op("Reshape", [box, g.ints([1, 4, reg_max, n])], "dfl_bins")], "dfl_t",
+             perm=[0, 2, 1, 3])
+    t = g.op("Softmax", [t], "dfl_softmax", axis=1)
+    bins = g.const(np.arange(reg_max, dtype="float32").reshape(1, reg_max, 1, 1), "dfl_w")
+    t = g.op("Conv", [t, bins], "dfl", kernel_shape=[1, 1])
+    dist = g.op("Reshape", [t, g.ints([1, 4, n])], "dist")
+    centres = g.const(np.concatenate(anchors, axis=1)[None], "anchors")
+    x1y1 = g.op("Sub", [centres, _channels(g, dist, 0, 2, "lt")], "x1y1")
+    x2y2 = g.op("Add", [centres, _channels(g, dist, 2, 4, "rb")], "x2y2")
+    cxy = g.op("Div", [g.op("Add", [x1y1, x2y2], "sum_xy"), g.const(2.0, "two")], "cxy")
+    wh = g.op("Sub", [x2y2, x1y1], "wh")
+    boxes = g.op("Mul", [g.op("Concat", [cxy, wh], "xywh", axis=1), g.const(np.concatenate(strides, axis=1)[None],
+                                                                            "strides")], "boxes")
+    g.op("Concat", [boxes, g.op("Sigmoid", [cls], "scores")], out="y", axis=1)
+    return g.finish({"y": [1, 4 + classes, n]}, yolo_block.__doc__)
