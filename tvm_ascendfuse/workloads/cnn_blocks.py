@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx
 
 from ..errors import ModelError
@@ -267,8 +268,6 @@ def _sppf(g: GraphWriter, x: str, c: int, hint: str = "sppf") -> str:
 
 def _anchors(hw: int, stride: int):
     """Anchor centres (x, y) of an hw x hw feature map, in feature-map cells, rows then columns."""
-    import numpy as np
-
     ys, xs = np.meshgrid(np.arange(hw) + 0.5, np.arange(hw) + 0.5, indexing="ij")
     return np.stack([xs.ravel(), ys.ravel()]).astype("float32"), np.full((1, hw * hw), stride, "float32")
 
@@ -302,8 +301,6 @@ def yolo_block(channels: int = 16, hw: int = 32, classes: int = 8, reg_max: int 
         a, s = _anchors(side, stride)
         anchors.append(a)
         strides.append(s)
-    import numpy as np
-
     n = sum(a.shape[1] for a in anchors)
     y = g.op("Concat", levels, "heads", axis=2)
     box = _channels(g, y, 0, 4 * reg_max, "box")
