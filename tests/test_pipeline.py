@@ -90,13 +90,15 @@ def test_transformer_mlp_recognised():
 def test_every_pass_is_listed_and_switchable():
     from tvm_ascendfuse.switches import GRAPH_FUSION, known_switches
     names = [cls.switch_name for cls in GRAPH_FUSION_PASSES]
-    assert len(set(names)) == len(names) == 29
+    assert len(set(names)) == len(names) == 30
     assert all(known_switches()[n].category == GRAPH_FUSION for n in names)
     assert names.index("LayerNormFusionPass") < names.index("RMSNormFusionPass")
     assert names.index("FocusConvFusionPass") < names.index("ConvBatchnormFusionPass")
     assert names.index("ConcatSplitFusionPass") < names.index("ConvBatchnormFusionPass")
     # the merge sees the projections before the key pad changes the attention's shapes
-    assert names[-3:-1] == ["MatMulSiblingMergeFusionPass", "AttentionKeyPadFusionPass"]
+    assert names[-4:-2] == ["MatMulSiblingMergeFusionPass", "AttentionKeyPadFusionPass"]
+    # the flash-decoding attention reads the grouped-query products as their pass leaves them
+    assert names[-2:] == ["GroupedQueryMatmulFusionPass", "IncreFlashAttentionFusionPass"]
     # grouped-query products take their scale on the score as the attention patterns do
     assert names.index("AttentionScaleFusionPass") < names.index("GroupedQueryMatmulFusionPass")
     # BN left after the folds becomes scale/shift; sibling convs merge once their weights and biases are final

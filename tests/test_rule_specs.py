@@ -145,12 +145,15 @@ CASES = {
     "reduction": (_softmax, None, {"reduction"}),
     "elementwise": (_elementwise, None, {"elementwise"}),
     "decode": (decode_step, None, {"gemv", "decode-attention"}),
-    # grouped-query attention over a symbolic key count (no attention kernel takes it): the scores are row dots
-    "symbolic_keys": (lambda: gqa_attention(heads=8, kv=2, rows=1, d=16), None, {"row-dot"}),
+    # grouped-query attention over a symbolic key count (no attention pattern takes it): the flash-decoding
+    # kernel; without it, the scores are row dots
+    "symbolic_keys": (lambda: gqa_attention(heads=8, kv=2, rows=1, d=16), None, {"flash-decode"}),
+    "symbolic_keys_unfused": (lambda: gqa_attention(heads=8, kv=2, rows=1, d=16),
+                              {"IncreFlashAttentionFusionPass": "off"}, {"row-dot"}),
     # a whole decode step over a symbolic cache: the QKV projection whose slices go three ways (query, key and
     # value with their rotary embeddings, two of them outputs) is a GEMV with its epilogue after the panels
     "symbolic_decode": (lambda: import_onnx(cache_length_symbolic_step(hidden=32, kv_heads=2, head_dim=8)), None,
-                        {"gemv", "row-dot"}),
+                        {"gemv", "flash-decode"}),
 }
 
 

@@ -6,7 +6,8 @@ Each call_tir the grouping sees launches one legalized op; ``op_kind`` names it 
 * ``C`` conv2d (NCHW/OIHW, groups = 1), ``D`` depthwise conv2d (one input channel per output channel),
   ``Q`` grouped conv2d (two or more output channels per group),
 * ``G`` a GEMM (matmul / batched matmul / dense), ``K`` any other product (conv3d, transposed conv, ...),
-* ``T`` several products in one op (``nn.attention``),
+* ``T`` several products in one op (``nn.attention``), ``F`` the flash-decoding attention kernel a graph pass
+  emits (``flash_decode.py``: recognised by its blocks; a kernel of its own that nothing fuses into),
 * ``P`` a window reduction over the H, W planes of an NCHW tensor (max/avg pooling), ``M`` the same over
   whole planes into (N, C, 1, 1) (a global pool, the mean of a squeeze-excitation), ``R`` any other
   reduction (norms, softmax, sums, means over other axes, arg-max),
@@ -29,12 +30,15 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, sym, tirx
 
+from . import flash_decode
+
 LOAD = tvm.ir.expr.TensorLoad
 
-CONV, DEPTHWISE_CONV, GROUPED_CONV, GEMM, PRODUCT, MULTI_PRODUCT = "C", "D", "Q", "G", "K", "T"
+CONV, DEPTHWISE_CONV, GROUPED_CONV, GEMM, PRODUCT, MULTI_PRODUCT, FLASH_DECODE = "C", "D", "Q", "G", "K", "T", "F"
 POOL, PLANE_POOL, REDUCTION, ELEMENTWISE, LAYOUT, OPAQUE = "P", "M", "R", "E", "L", "O"
 KIND_NAMES = {CONV: "conv2d", DEPTHWISE_CONV: "depthwise conv2d", GROUPED_CONV: "grouped conv2d", GEMM: "GEMM",
-              PRODUCT: "other product", MULTI_PRODUCT: "several products", POOL: "window pool",
+              PRODUCT: "other product", MULTI_PRODUCT: "several products", FLASH_DECODE: "flash-decoding attention",
+              POOL: "window pool",
               PLANE_POOL: "whole-plane pool", REDUCTION: "reduction", ELEMENTWISE: "elementwise",
               LAYOUT: "layout (injective)", OPAQUE: "opaque"}
 
@@ -442,6 +446,8 @@ def op_kind(func) -> str:
         return OPAQUE
     if any(iv.iter_type not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce) for b in blocks for iv in b.iter_vars):
         return OPAQUE
+    if sorted(b.name_hint for b in blocks) == sorted(flash_decode.BLOCKS):
+        return FLASH_DECODE
     reductions = [b for b in blocks if is_reduction_block(b)]
     if not reductions:
         pattern = func.attrs["op_pattern"] if func.attrs and "op_pattern" in func.attrs else None

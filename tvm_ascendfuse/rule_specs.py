@@ -87,6 +87,9 @@ class RuleSpec:
 # In DEFAULT_RULES order (schedule/apply.py). Letters: kinds.py; [EL] injective ops; lower case: an op whose
 # value is also an output of the kernel (only where the rule handles a second output).
 RULE_SPECS: tuple[RuleSpec, ...] = (
+    # the flash-decoding kernel is a call of its own (IncreFlashAttentionFusionPass), never a group of ops
+    RuleSpec("flash-decode", r"F", SPECIALISED, note="a decode attention over a run-time key count in chunks "
+             "of keys (IncreFlashAttentionFusionPass's kernel), one task per chunk, then the chunks merged"),
     RuleSpec("squeeze-excite", r"[EL]*M[EL]*[CG][EL]*[CG][EL]*", SPECIALISED,
              note="whole-plane mean -> FC (1x1 conv or matmul) -> activation -> FC -> gate"),
     RuleSpec("gemv", r"[ELR]*G([EL]*G)*[ELRMelrm]*", SPECIALISED, chained=False, max_rows=GEMV_MAX_ROWS,

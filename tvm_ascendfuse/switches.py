@@ -58,6 +58,7 @@ ATTENTION_SCALE = "AttentionScaleFusionPass"
 ATTENTION_MASK = "AttentionMaskFusionPass"
 ATTENTION_KEY_PAD = "AttentionKeyPadFusionPass"
 GROUPED_QUERY_MATMUL = "GroupedQueryMatmulFusionPass"
+INCRE_FLASH_ATTENTION = "IncreFlashAttentionFusionPass"
 PACKED_QKV = "PackedQkvFusionPass"
 CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
@@ -147,6 +148,10 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(GROUPED_QUERY_MATMUL, GRAPH_FUSION,
                "grouped-query attention over a symbolic key count: the query heads sharing a KV head become "
                "rows of one product with it, so the repeated K and V are never written (exact)"),
+    SwitchInfo(INCRE_FLASH_ATTENTION, GRAPH_FUSION,
+               "a decode step's attention over a symbolic key count (a few query rows: scores, scale, mask, "
+               "softmax, P.V) as one flash-decoding kernel: keys in chunks, each chunk's partial softmax on "
+               "chip, the chunks merged with rescaling (exact in real arithmetic)"),
     SwitchInfo(PACKED_QKV, GRAPH_FUSION,
                "a packed Q|K|V in-projection (one GEMM cut into parts) written as one GEMM per part, which the "
                "sibling merge then merges as it does separate projections"),

@@ -44,8 +44,11 @@
    (after the bias merge and any BN fold) and merges them into one matmul plus slices (Q/K/V).
 11. ``AttentionKeyPadFusionPass`` after it: it pads K and V of an attention over an odd key count (the
    merge still sees the projections themselves).
-12. ``GroupedQueryMatmulFusionPass`` last: grouped-query products over a symbolic key count (no attention
+12. ``GroupedQueryMatmulFusionPass``: grouped-query products over a symbolic key count (no attention
    pattern takes them) read each KV head once; it needs the scales already on the score (step 9).
+13. ``IncreFlashAttentionFusionPass`` last: a decode attention over a symbolic key count, from its Q·Kᵀ
+   product to its P·V product, becomes one flash-decoding kernel; it reads the products as step 12 leaves
+   them (grouped-query heads stacked as rows).
 
 The pipeline runs FoldConstant and DeadCodeElimination after the list.
 """
@@ -67,6 +70,7 @@ from .gelu import GeluFusionPass
 from .gemm_row_layout import GemmRowLayoutFusionPass
 from .grouped_query_matmul import GroupedQueryMatmulFusionPass
 from .identity_copy import IdentityCopyFusionPass
+from .incre_flash_attention import IncreFlashAttentionFusionPass
 from .layer_norm import LayerNormFusionPass
 from .layout_chain import LayoutChainFusionPass
 from .matmul_bias_add import MatMulBiasAddFusionPass
@@ -110,6 +114,7 @@ GRAPH_FUSION_PASSES: list = [
     MatMulSiblingMergeFusionPass,
     AttentionKeyPadFusionPass,
     GroupedQueryMatmulFusionPass,
+    IncreFlashAttentionFusionPass,
 ]
 
 __all__ = ["GRAPH_FUSION_PASSES"] + [cls.__name__ for cls in GRAPH_FUSION_PASSES]

@@ -43,6 +43,7 @@ from .depthwise_conv import DepthwiseConv2dRule
 from .elementwise import ElementwiseRule
 from .fallback import FallbackRule
 from .fast_math import use_fast_math
+from .flash_decode import FlashDecodeRule
 from .grouped_conv import GroupedConv2dRule
 from .gemv import GemvRule
 from .row_dot import RowDotRule
@@ -56,11 +57,12 @@ from .reduction import GemmNormRule, ReductionRule
 from .squeeze_excite import SqueezeExciteRule
 from .tuned import tuned_rules
 
-# Most specific first. Squeeze-excite (a spatial sum then two small products) before everything that takes
+# Most specific first. The flash-decoding kernel (the graph pass's own, recognised by its blocks) before all.
+# Squeeze-excite (a spatial sum then two small products) before everything that takes
 # products; then products of a few rows and attention of a few query rows (a decode step: memory-bound,
 # whatever else the kernel holds). Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule, AttentionProjectionRule, AttentionRule,
+DEFAULT_RULES = (FlashDecodeRule, SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule, AttentionProjectionRule, AttentionRule,
                  ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule, Int8Conv2dRule, Conv2dRule,
                  GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
