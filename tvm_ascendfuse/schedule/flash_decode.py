@@ -22,9 +22,8 @@ from tvm import s_tir, tirx
 
 from .. import flash_decode as fd
 from ..target import AscendTarget
-from .analysis import has_reduce
 from .base import UB_SCOPE, ScheduleRule
-from .common import has_block, ok, root_blocks, try_
+from .common import ok, root_blocks, try_
 from .fast_math import use_fast_math
 from .hostvec import host_vector
 from .partial_sums import vector_partial_sums, vectorize_partial_sums
