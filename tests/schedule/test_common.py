@@ -90,3 +90,33 @@ def test_bool_epilogues_of_matmul_conv_pool_rules():
     sch = s_tir.Schedule(_copy_int4)
     vectorize_inner(sch, sch.get_sblock("copy"), 16)
     assert not _vectorized_loops(sch.mod)
+
+
+def test_unwritten_output_counts_the_iterations_writing_each_output():
+    """A kernel whose blocks write fewer elements of an output than it holds (what TVM's reverse_compute_at
+    left of a layout epilogue) is named with both counts; a whole one, or one written by two blocks (a concat
+    as two stores), is not."""
+    from tvm.script import tirx as T
+
+    from tvm_ascendfuse.schedule.common import unwritten_output
+
+    @T.prim_func(s_tir=True)
+    def half(a: T.Buffer((4, 8), "float32"), b: T.Buffer((4, 8), "float32")):
+        for i, j in T.grid(4, 4):
+            with T.sblock("copy"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vi, vj]
+
+    @T.prim_func(s_tir=True)
+    def two_stores(a: T.Buffer((4, 8), "float32"), b: T.Buffer((4, 8), "float32")):
+        for i, j in T.grid(4, 4):
+            with T.sblock("left"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vi, vj]
+        for i, j in T.grid(4, 4):
+            with T.sblock("right"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj + 4] = a[vi, vj]
+
+    assert unwritten_output(half) == ("b", 16, 32)
+    assert unwritten_output(two_stores) is None

@@ -35,7 +35,7 @@ from .base import Declined, Scheduled
 from .attention_projection import AttentionProjectionRule
 from .chained_gemm import ChainedGemmRule
 from .code_size import bound_code_size
-from .common import host_of
+from .common import host_of, unwritten_output
 from .conv import Conv2dRule
 from .conv_int8 import Int8Conv2dRule
 from .decode_attention import DecodeAttentionRule
@@ -229,6 +229,12 @@ class ApplyUBSchedules(PyPass):
             if wide is not None:
                 notes.append(f"{rule.name}: declined, on-chip buffer {wide} has elements wider than 32 bits "
                              "next to other buffers of its scope (TVM packs them at 32-bit offsets)")
+                continue
+            short = unwritten_output(new)
+            if short is not None:
+                out, written, size = short
+                notes.append(f"{rule.name}: declined, its schedule writes {written} of the {size} elements of "
+                             f"output {out} (an epilogue placed per tile over part of its range)")
                 continue
             for key, value in (func.attrs or {}).items():
                 new = new.with_attr(key, value)

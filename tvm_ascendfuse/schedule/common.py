@@ -307,3 +307,52 @@ def predicated(sch: s_tir.Schedule, block) -> bool:
     """Whether ``block`` is realized under a predicate other than constant true (a tail tile's guard)."""
     pred = get_realize(sch, block).predicate
     return not (isinstance(pred, tirx.IntImm) and int(pred) == 1)
+
+
+
+def unwritten_output(func: tirx.PrimFunc) -> tuple[str, int, int] | None:
+    """(output, iterations writing it, its elements) when the blocks writing an output of a scheduled kernel
+    run fewer times in all than it has elements, else None. Some elements are then never written: TVM's
+    ``reverse_compute_at`` gave a layout epilogue (a reshape with a transpose: MobileViT's unfold into 2x2
+    patches) the region of part of the tile, and per-kernel checks against zeroed outputs do not see it.
+    Counts only static loops (a symbolic one: not checked)."""
+    params = {p: str(p.name) for p in func.params if isinstance(getattr(p, "ty", None), tirx.BufferType)}
+    written: dict = {}
+
+    def visit(stmt, count):
+        if count is None:
+            return
+        if isinstance(stmt, tirx.For):
+            ext = stmt.extent
+            visit(stmt.body, count * int(ext) if isinstance(ext, tirx.IntImm) else None)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            for w in stmt.block.writes:
+                volume = 1          # a block writing a region per iteration (a tensorized one): its elements
+                for rg in w.region:
+                    volume = volume * int(rg.extent) if isinstance(rg.extent, tirx.IntImm) and volume else None
+                for p in params:
+                    if w.source.same_as(p):
+                        written[p] = None if volume is None or written.get(p, 0) is None else \
+                            written.get(p, 0) + count * volume
+            visit(stmt.block.body, count)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for child in stmt.seq:
+                visit(child, count)
+        else:
+            for attr in ("body", "then_case", "else_case"):
+                child = getattr(stmt, attr, None)
+                if isinstance(child, tirx.Stmt):
+                    visit(child, count)
+
+    visit(func.body, 1)
+    for p, n in written.items():
+        dims = p.ty.shape
+        if n is None:
+            continue
+        if all(isinstance(d, tirx.IntImm) for d in dims):
+            size = 1
+            for d in dims:
+                size *= int(d)
+            if n < size:
+                return params[p], n, size
+    return None

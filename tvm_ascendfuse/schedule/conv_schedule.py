@@ -43,9 +43,11 @@ from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import LOAD, ConvBlock, match_conv2d, strip_cast
 from .base import UB_SCOPE
-from .common import as_target, extent, ok, parallel_vector, still_exists, tile_local, try_, vectorize_inner
+from .common import (as_target, extent, ok, parallel_vector, still_exists, tile_local, try_, unwritten_output,
+                     vectorize_inner)
 from .hostvec import HostVector
 from .layout import mark_prepack, packable_param
+from .row_blocks import loop_tiles, tiles_are_boxes
 from .transpose import out_transpose_intrin, transpose_intrin, transpose_load, transpose_store, transpose_to_nchw
 
 _SUBSAMPLE = "ascendfuse.conv_subsample"   # marks the gathered input of a strided 1x1 conv
@@ -405,13 +407,25 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         vl = t.vl
         sch.transform_layout(conv, ("write", 0), lambda a, f, y, x: (a, f // vl, y, x, f % vl))
     acc = sch.get(conv).writes[0].source
+    # an epilogue follows each tile only where it reads the tile as a box of its own iterations: a reshape
+    # that cuts tiles apart (MobileViT's unfold of 2x2 patches under 7-row tiles) would be given rows the
+    # tile did not compute (row_blocks.tiles_are_boxes); it then runs after the conv, over the whole result
+    tiles = loop_tiles(sch, conv, epi_at)
+    if tiles is None or not tiles_are_boxes(sch.get(last), acc, tiles):
+        try_(sch.set_scope, conv, 0, "global")       # the accumulator is the whole result now, not a tile
+        parallel_vector(sch, last, lanes)
+        last = None
     cols = _lane_epilogue_columns(opts, sch, last, acc, out_shape, epi_at is x0, t, ow) \
-        if oc % t.vl == 0 else None
+        if oc % t.vl == 0 and last is not None else None
     lane_note = ""
-    if cols is not None and _if_it_applies(
-            sch, lambda s: _epilogue_on_lanes(s, last, epi_at, t.vl, cols, copy=not (epi_blocks and tiled_epi))):
+    if last is None:
+        pass
+    elif cols is not None and _if_it_applies(
+            sch, lambda s: _epilogue_on_lanes(s, last, epi_at, t.vl, cols, copy=not (epi_blocks and tiled_epi))
+            and unwritten_output(s.mod["main"]) is None):
         lane_note = f" epilogue on {t.vl}-lane channel vectors, {cols}-column store transposes"
-    elif ok(sch.reverse_compute_at, last, epi_at):
+    elif _if_it_applies(sch, lambda s: ok(s.reverse_compute_at, last, epi_at)
+                        and unwritten_output(s.mod["main"]) is None):
         if opts.transpose and epi_at is x0 and oc % t.vl == 0:
             transpose_store(sch, last, acc, t.owr, t.vl)
         vectorize_inner(sch, last, lanes)

@@ -22,6 +22,8 @@ import numpy as np
 from tvm import tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
+from .common import get_realize
+
 _MAX_POINTS = 1 << 20        # iterator grids evaluated with numpy; larger ones are not analysed
 
 _BINARY = {tirx.Add: np.add, tirx.Sub: np.subtract, tirx.Mul: np.multiply, tirx.FloorDiv: np.floor_divide,
@@ -78,15 +80,41 @@ def tiles_are_boxes(stmt, buf, tiles) -> bool:
     distinct = all(not a.same_as(b) for k, a in enumerate(plain) for b in plain[k + 1:])
     if len(regions) == 1 and distinct and all(isinstance(i, (tirx.Var, tirx.IntImm)) for i in indices):
         return True                             # each tiled axis one to one with its own iterator
+    if len(regions) == 1:
+        # axes whose indices share no iterator are independent: a tile is a box iff its part in every group
+        # of axes sharing iterators is one (a packed accumulator's f // 16 and f % 16 form one group, the
+        # rows another); the groups' grids are small where the whole one would not be evaluated
+        groups = _independent_groups(stmt, indices)
+        if len(groups) > 1:
+            return all(_tile_boxes(stmt, [indices[k] for k in g], [tiles[tiled[k]] for k in g], 1)
+                       for g in groups)
+    return _tile_boxes(stmt, indices, [tiles[a] for a in tiled], len(regions))
+
+
+def _independent_groups(stmt, indices) -> list:
+    """The positions of ``indices`` grouped so that no two groups use a common iterator of ``stmt``."""
+    uses = [{iv.var.name for iv in stmt.iter_vars if _uses(e, iv.var)} for e in indices]
+    groups: list = []
+    for k, names in enumerate(uses):
+        merged = [g for g in groups if names & g[1]]
+        for g in merged:
+            groups.remove(g)
+        groups.append(([k] + [i for g in merged for i in g[0]], names.union(*(g[1] for g in merged))))
+    return [sorted(g[0]) for g in groups]
+
+
+def _tile_boxes(stmt, indices, sizes, n_regions) -> bool:
+    """``tiles_are_boxes`` over ``indices`` (``n_regions`` reads of ``len(sizes)`` tiled axes each, in order)."""
     grid = _grid(stmt, indices)
     if grid is None:
         return False
     coords, values = grid
+    per = len(sizes)
     ids = []
-    for r in range(len(regions)):
+    for r in range(n_regions):
         tile = np.zeros(values[0].shape, dtype=np.int64)
-        for k, a in enumerate(tiled):
-            q = values[r * len(tiled) + k] // tiles[a]
+        for k in range(per):
+            q = values[r * per + k] // sizes[k]
             tile = tile * (int(q.max()) + 1) + q
         ids.append(tile)
     if any(not np.array_equal(ids[0], other) for other in ids[1:]):
@@ -128,3 +156,49 @@ def _boxes(block, coords) -> bool:
 
 def _uses(expr, var) -> bool:
     return any(v.same_as(var) for v in collect_vars_used_in_prim_expr(expr))
+
+
+def loop_tiles(sch, block, loop) -> list | None:
+    """The tile of ``block``'s output one iteration of ``loop`` (one of its loops) writes, per axis of that
+    output: how many consecutive indices of the axis the loops nested inside ``loop`` sweep (None: the whole
+    axis), for ``tiles_are_boxes``. None when an index is not integer arithmetic of static loops or a tile
+    does not start at a multiple of its size (then nothing can be placed per tile)."""
+    realize = get_realize(sch, block)
+    loops = list(sch.get_loops(block))
+    pos = next((k for k, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(loop))), None)
+    if pos is None:
+        return None
+    write = realize.block.writes[0]
+    # only the loops the written indices depend on (a conv's reduction loops would make the grid huge)
+    used = [iv.var for iv in realize.block.iter_vars if any(_uses(rg.min, iv.var) for rg in write.region)]
+    binding = {iv.var.name: value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+               if any(iv.var.same_as(u) for u in used)}
+    fors = [sch.get(lp) for lp in loops]
+    outer = fors[:pos + 1]
+    inner = [f for f in fors[pos + 1:] if any(_uses(v, f.loop_var) for v in binding.values())]
+    extents = [int(f.extent) if isinstance(f.extent, tirx.IntImm) else None for f in inner]
+    if None in extents or math.prod(extents) > _MAX_POINTS:
+        return None
+    shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in write.source.ty.shape]
+    grids = np.meshgrid(*[np.arange(e, dtype=np.int64) for e in extents], indexing="ij") if inner else []
+    tiles = []
+    for axis, rg in enumerate(write.region):
+        tile = []
+        for outer_at in (0, 1):          # the first two tiles along the outermost tiled loop: same size, aligned
+            env = {f.loop_var.name: np.int64(outer_at if k == pos else 0) for k, f in enumerate(outer)}
+            env.update({f.loop_var.name: np.int64(0) for f in fors[pos + 1:]})
+            env.update({f.loop_var.name: g.reshape(-1) for f, g in zip(inner, grids)})
+            env.update({name: _evaluate(value, env) for name, value in binding.items()})
+            if any(v is None for v in env.values()):
+                return None
+            idx = _evaluate(rg.min, env)
+            if idx is None:
+                return None
+            idx = np.atleast_1d(idx)
+            tile.append((int(idx.min()), int(idx.max()) + 1))
+        (lo, hi), (next_lo, _) = tile
+        size = hi - lo
+        if shape[axis] is None or lo % size or next_lo % size:
+            return None
+        tiles.append(None if size >= shape[axis] else size)
+    return tiles
