@@ -114,6 +114,17 @@ def as_uint8(graph: FunctionGraph, act: QuantActivation) -> tuple[relax.Expr, in
     return relax.op.astype(wide, "uint8"), zp
 
 
+def conv_padding(x_u: relax.Expr, zp: int, padding) -> tuple[relax.Expr, list[int]]:
+    """The conv's input and the padding the conv itself applies. The border must hold the quantized zero:
+    with a zero point of 0 (an activation after ReLU, quantized on [0, max]) that is the conv's own zero
+    padding, which stays inside the conv's kernel; any other zero point gets an explicit ``pad`` by it,
+    which the grouping may place in the producer's kernel (the int8 rules then run that epilogue apart)."""
+    top, left, bottom, right = padding
+    if zp == 0 or not (top or left or bottom or right):
+        return x_u, [top, left, bottom, right]
+    return relax.op.nn.pad(x_u, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(zp)), [0, 0, 0, 0]
+
+
 def requantized(acc: relax.Expr, col_sums: np.ndarray, zp: int, scale: np.ndarray, shape: tuple) -> relax.Expr:
     """``(acc - zp * col_sums) * scale`` as float32, with the per-channel constants in ``shape``."""
     corr = (zp * col_sums.astype("int64")).astype("int32").reshape(shape)
