@@ -129,7 +129,26 @@ class Int8Conv2dRule(ScheduleRule):
                     sch.parallel(sch.fuse(*loops[:2]))
                 elif not ok(sch.reverse_compute_at, blk, xo):
                     return None
+                else:
+                    _vector_epilogue(sch, blk)
         # the packed data: one pass, parallel over channel groups
         p_loops = sch.get_loops(producer)
         sch.parallel(sch.fuse(*p_loops[:2]))
         return sch
+
+
+def _vector_epilogue(sch, blk) -> None:
+    """The per-tile epilogue with the channels as its inner loop, 16 to a vector: its reads of the
+    ``[n, y, x, f]`` accumulator and its per-channel constants are whole vectors and the arithmetic
+    (requantize's divide, round and clip) runs 16 lanes at a time; only the store into the NCHW output goes
+    lane by lane. Left as placed (scalar) when its loops are not (channels, columns)."""
+    loops = sch.get_loops(blk)
+    if len(loops) < 2:
+        return
+    chans, cols = loops[-2:]
+    n_chans = extent(sch, chans)
+    if n_chans is None or n_chans % LANES:
+        return
+    sch.reorder(cols, chans)
+    _, lanes = sch.split(chans, [None, LANES])
+    sch.vectorize(lanes)
