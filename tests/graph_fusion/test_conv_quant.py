@@ -80,6 +80,20 @@ def test_zero_point_zero_pads_inside_the_conv():
     _check(model)
 
 
+@pytest.mark.parametrize("cin,cout", [(16, 24), (3, 32), (3, 24)])
+def test_channels_padded_to_the_int8_steps(cin, cout):
+    """Output channels up to a multiple of 16 (zero weights, the result sliced back), input channels up to a
+    multiple of 4 (zero weights, the input padded in the same pad as its border)."""
+    model = qdq_model("conv", cin=cin, cout=cout, size=7)
+    out, rec = run_pass(P, _kept(model))
+    conv = [b.value for blk in out["main"].body.blocks for b in blk.bindings
+            if getattr(getattr(b.value, "op", None), "name", "") == "relax.nn.conv2d"][0]
+    w_shape = [int(d) for d in conv.args[1].ty.shape]
+    assert w_shape[:2] == [-(-cout // 16) * 16, -(-cin // 4) * 4]
+    assert ("strided_slice" in ops(out)) == (cout % 16 != 0)
+    _check(model)
+
+
 def test_nonzero_weight_zero_point_is_refused():
     model = qdq_model("conv")
     from onnx import numpy_helper

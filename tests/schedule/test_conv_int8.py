@@ -35,9 +35,23 @@ def test_int8_conv_rule_matches_onnxruntime(case):
     assert cos >= 0.999 and diff <= step * 1.001, (cos, diff / step)
 
 
-def test_channels_off_the_vector_width_go_to_the_generic_rule():
-    result = compile_ours(import_onnx(qdq_model("conv", cin=16, cout=24, size=6)), portable=False)
-    assert _conv_rules(result) == ["conv2d"]
+@pytest.mark.parametrize("case", [dict(cin=16, cout=24, size=6), dict(cin=96, cout=24, size=14, kernel=1, pad=0),
+                                  dict(cin=3, cout=32, size=16, stride=2), dict(cin=3, cout=40, size=9, relu=True),
+                                  dict(cin=32, cout=24, size=7, kernel=1, pad=0, residual=True),
+                                  dict(cin=16, cout=72, size=6, kernel=1, pad=0)],   # 5 vectors, the last partial
+                         ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_channels_off_the_vector_width_are_padded_into_the_int8_rule(case):
+    """24 output channels (MobileNetV2's projections) and an image's 3 input channels: the weight gets zero
+    channels up to whole vectors / dot-product steps (Conv2DQuantFusionPass), the rule stores only the real
+    channels, and the result agrees with onnxruntime."""
+    model = qdq_model("conv", **case)
+    inputs = _inputs(model)
+    result = compile_ours(import_onnx(model), portable=False)
+    vnni = has_int8_dot(get_target("ascend910b").host_target())
+    assert _conv_rules(result) == (["conv2d_int8"] if vnni else ["conv2d"])
+    ours, ref = run_vm(result.executable, inputs), run_ort(model, inputs)
+    cos, diff = agreement(ours, ref)
+    assert cos >= 0.999 and diff <= output_step(model) * 1.001, (cos, diff / output_step(model))
 
 
 def test_no_vnni_no_int8_conv_rule():

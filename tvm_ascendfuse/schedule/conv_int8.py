@@ -95,7 +95,7 @@ class Int8Conv2dRule(ScheduleRule):
         out_shape = [int(d) for d in stmt.writes[0].source.shape]
         # an epilogue writing a larger tensor (the next conv's padded input) has a border no output tile
         # covers: it runs after the conv, over its whole output, from the int32 result
-        whole = any([int(d) for d in sch.get(blk).writes[0].source.shape] != out_shape for blk in epilogue)
+        whole = any(_larger([int(d) for d in sch.get(blk).writes[0].source.shape], out_shape) for blk in epilogue)
 
         sch.transform_layout(producer, ("write", 0), lambda n, c, h, w: [n, c // DEPTH, h, w, c % DEPTH])
         mark_prepack(sch, conv, info.weight_read,
@@ -137,18 +137,28 @@ class Int8Conv2dRule(ScheduleRule):
         return sch
 
 
+def _larger(shape, out_shape) -> bool:
+    """Whether an epilogue output of ``shape`` reaches outside the conv's output (a padded next input). One
+    with fewer channels (the conv's weight padded to whole vectors, ``graph_fusion/_quant``) stays per tile:
+    each tile computes its padded channels and stores the real ones."""
+    return len(shape) != len(out_shape) or any(a > b for a, b in zip(shape, out_shape)) \
+        or any(a != b for i, (a, b) in enumerate(zip(shape, out_shape)) if i != 1)
+
+
 def _vector_epilogue(sch, blk) -> None:
-    """The per-tile epilogue with the channels as its inner loop, 16 to a vector: its reads of the
+    """The per-tile epilogue with the channels as its inner loop, 16 to a vector (8 or 4 when the output
+    has a channel count 16 does not divide, the padded channels not stored): its reads of the
     ``[n, y, x, f]`` accumulator and its per-channel constants are whole vectors and the arithmetic
-    (requantize's divide, round and clip) runs 16 lanes at a time; only the store into the NCHW output goes
-    lane by lane. Left as placed (scalar) when its loops are not (channels, columns)."""
+    (requantize's divide, round and clip) runs on all lanes at once; only the store into the NCHW output
+    goes lane by lane. Left as placed (scalar) when its loops are not (channels, columns)."""
     loops = sch.get_loops(blk)
     if len(loops) < 2:
         return
     chans, cols = loops[-2:]
     n_chans = extent(sch, chans)
-    if n_chans is None or n_chans % LANES:
+    lanes = next((v for v in (LANES, 8, 4) if n_chans is not None and n_chans % v == 0), None)
+    if lanes is None:
         return
     sch.reorder(cols, chans)
-    _, lanes = sch.split(chans, [None, LANES])
-    sch.vectorize(lanes)
+    _, inner = sch.split(chans, [None, lanes])
+    sch.vectorize(inner)
