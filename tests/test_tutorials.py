@@ -19,7 +19,7 @@ def _run(script, *args, cwd):
 def test_all_tutorials_are_tested():
     tested = {"01_conv_bn_relu.py", "02_llama_block.py", "03_passes_and_pipeline.py", "04_custom_pattern.py",
               "05_tuning.py", "06_from_pytorch.py", "07_html_report.py", "08_generate.py",
-              "09_torch_compile.py", "10_precision_modes.py"}
+              "09_torch_compile.py", "10_precision_modes.py", "11_int8_qdq.py"}
     assert {p.name for p in (ROOT / "tutorials").glob("*.py")} == tested
 
 
@@ -87,3 +87,10 @@ def test_torch_compile_tutorial_small(tmp_path):
 def test_precision_modes_tutorial_small():
     out = _run("10_precision_modes.py", "--seq", "16", "--hidden", "64", "--heads", "4", "--ffn", "128", cwd=ROOT)
     assert out.count("cosine") == 3 and "allow_mix_precision" in out and "tutorial checks: OK" in out
+
+
+def test_int8_qdq_tutorial_small(tmp_path):
+    pytest.importorskip("onnxruntime")
+    out = _run("11_int8_qdq.py", "--size", "32", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert "DepthwiseConv2DQuantFusionPass   rewrote 1 of 1" in out and "u8" in out
+    assert "tutorial checks: OK" in out

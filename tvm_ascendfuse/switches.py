@@ -63,6 +63,7 @@ PACKED_QKV = "PackedQkvFusionPass"
 CONV1D_AS_CONV2D = "Conv1dAsConv2dFusionPass"
 STATIC_SHAPE = "StaticShapeCanonicalizePass"
 CONV2D_QUANT = "Conv2DQuantFusionPass"
+DEPTHWISE_CONV2D_QUANT = "DepthwiseConv2DQuantFusionPass"
 MATMUL_QUANT = "MatMulQuantFusionPass"
 DYNAMIC_QUANT_MATMUL = "DynamicQuantMatMulFusionPass"
 # UB fusion: pattern families (patterns/)
@@ -91,6 +92,10 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(CONV2D_QUANT, GRAPH_FUSION,
                "conv2d of a dequantized int8/uint8 activation and a dequantized int8 constant weight -> int8 "
                "conv with int32 accumulation, zero-point correction and scale as its epilogue"),
+    SwitchInfo(DEPTHWISE_CONV2D_QUANT, GRAPH_FUSION,
+               "depthwise conv2d of a dequantized int8/uint8 activation and a dequantized int8 constant weight "
+               "-> depthwise conv on the integers (uint8 in, int32 accumulation), zero-point correction and "
+               "scale as its epilogue"),
     SwitchInfo(MATMUL_QUANT, GRAPH_FUSION,
                "matmul/Gemm of a dequantized int8/uint8 activation and a dequantized int8 constant weight -> "
                "int8 GEMM with int32 accumulation, zero-point correction and scale as its epilogue"),

@@ -20,31 +20,34 @@ def qdq_model(op="conv", act="int8", per_channel=True, bias=True, relu=False, re
               cin=16, cout=24, size=8, kernel=3, stride=1, pad=1, rows=6, seed=0):
     """``Q(x) -> DQ -> op(., DQ(W_q)) [+ b] [relu] [+ DQ(Q(x))-shaped residual] [-> Q -> DQ]``.
 
-    ``op``: "conv" (NCHW, ``kernel`` x ``kernel``), "matmul" (x: rows x cin) or "gemm" (transB weight)."""
+    ``op``: "conv" (NCHW, ``kernel`` x ``kernel``), "depthwise" (the conv with one input channel per output
+    channel: ``cin`` is ``cout``), "matmul" (x: rows x cin) or "gemm" (transB weight)."""
+    if op == "depthwise":
+        cin = cout
     rng = np.random.default_rng(seed)
     inits, nodes = {}, []
     sx, zx = _act_params(act, 0.04, rng)
     inits.update(sx=sx, zx=zx)
     nodes += [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
               helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"])]
-    if op == "conv":
-        wshape = (cout, cin, kernel, kernel)
+    if op in ("conv", "depthwise"):
+        wshape = (cout, 1 if op == "depthwise" else cin, kernel, kernel)
         axis = 0
     elif op == "gemm":
         wshape, axis = (cout, cin), 0
     else:
         wshape, axis = (cin, cout), 1
     wq = rng.integers(-127, 128, wshape).astype("int8")
-    ws = (rng.uniform(0.5, 1.5, cout) * 0.01 / np.sqrt(cin)).astype("float32")
+    ws = (rng.uniform(0.5, 1.5, cout) * 0.01 / np.sqrt(wshape[1])).astype("float32")   # fan-in over channels
     inits.update(wq=wq, ws=ws if per_channel else np.array(ws[0], "float32"),
                  wz=np.zeros(cout if per_channel else (), "int8"))
     nodes.append(helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=axis))
     ins = ["xd", "wd"] + (["b"] if bias and op != "matmul" else [])
     if bias:
         inits["b"] = rng.standard_normal(cout).astype("float32") * 0.1
-    if op == "conv":
+    if op in ("conv", "depthwise"):
         nodes.append(helper.make_node("Conv", ins, ["y0"], kernel_shape=[kernel, kernel], pads=[pad] * 4,
-                                      strides=[stride, stride]))
+                                      strides=[stride, stride], group=cout if op == "depthwise" else 1))
         xshape = (1, cin, size, size)
         osz = (size + 2 * pad - kernel) // stride + 1
         yshape = (1, cout, osz, osz)

@@ -59,16 +59,38 @@ def test_switched_off_computes_the_dequantized_conv():
     assert result.report.get(P.switch_name).effect_times == 0
 
 
-def test_grouped_conv_is_refused_with_its_reason():
-    model = qdq_model("conv", cin=8, cout=8)
-    conv = [n for n in model.graph.node if n.op_type == "Conv"][0]
-    conv.attribute.append(__import__("onnx").helper.make_attribute("group", 8))
-    init = {i.name: i for i in model.graph.initializer}
-    from onnx import numpy_helper
-    w = numpy_helper.to_array(init["wq"])[:, :1]
-    init["wq"].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w), "wq"))
+def test_depthwise_conv_is_left_to_its_own_pass():
+    model = qdq_model("depthwise", cout=8)
     out, rec = run_pass(P, _kept(model))
-    assert rec.effect_times == 0 and "grouped" in rec.not_effective[0]["failed"]
+    assert rec.match_times == 0 and rec.not_effective == []
+
+
+def test_zero_point_zero_pads_inside_the_conv():
+    """An activation whose uint8 zero point is 0 (int8 zero point -128, a ReLU output) keeps its padding in
+    the conv (no separate pad, which the grouping would put into the producer); the border still agrees."""
+    from onnx import numpy_helper
+    model = qdq_model("conv", cin=16, cout=32, size=9)
+    init = {i.name: i for i in model.graph.initializer}
+    init["zx"].CopyFrom(numpy_helper.from_array(np.array(-128, "int8"), "zx"))
+    out, rec = run_pass(P, _kept(model))
+    assert rec.effect_times == 1 and "nn.pad" not in ops(out)
+    conv = [b.value for blk in out["main"].body.blocks for b in blk.bindings
+            if getattr(getattr(b.value, "op", None), "name", "") == "relax.nn.conv2d"]
+    assert [int(p) for p in conv[0].attrs.padding] == [1, 1, 1, 1]
+    _check(model)
+
+
+@pytest.mark.parametrize("cin,cout", [(16, 24), (3, 32), (3, 24)])
+def test_channels_padded_to_the_int8_steps(cin, cout):
+    """Output channels up to a multiple of 16 (zero weights, the result sliced back), input channels up to a
+    multiple of 4 (zero weights, the input padded in the same pad as its border)."""
+    model = qdq_model("conv", cin=cin, cout=cout, size=7)
+    out, rec = run_pass(P, _kept(model))
+    conv = [b.value for blk in out["main"].body.blocks for b in blk.bindings
+            if getattr(getattr(b.value, "op", None), "name", "") == "relax.nn.conv2d"][0]
+    w_shape = [int(d) for d in conv.args[1].ty.shape]
+    assert w_shape[:2] == [-(-cout // 16) * 16, -(-cin // 4) * 4]
+    assert ("strided_slice" in ops(out)) == (cout % 16 != 0)
     _check(model)
 
 

@@ -254,3 +254,34 @@ def test_decline_reason_reaches_the_report():
     assert report.sections["schedules"]["k"] != "depthwise-conv2d"
     assert any(n.startswith("depthwise-conv2d: the depthwise conv shares the kernel with a reduction after")
                for n in report.sections["schedule_notes"]["k"])
+
+
+@pytest.mark.parametrize("case", [dict(cout=144, size=16), dict(cout=32, size=16, stride=2)],
+                         ids=["stride1", "stride2"])
+def test_int8_depthwise_bytes_go_through_register_transposes(case):
+    """A QDQ depthwise conv (DepthwiseConv2DQuantFusionPass: uint8 in, int32 accumulation) read by a QDQ 1x1
+    conv, its input a ReLU output (zero point 0, so the kernel pads it itself): its uint8 input is staged and
+    its uint8 output stored through the register transposes, as float32 is (else 16 lane-strided byte loads
+    and 16 lane extracts a vector); it agrees with onnxruntime within one output step."""
+    from tests.graph_fusion.common import run_ort
+    from tests.graph_fusion.quant_models import agreement
+    from tests.graph_fusion.test_depthwise_conv_quant import _model
+    from tests.graph_fusion.test_conv_quant import _inputs
+    from tests.helpers import compile_ours, run_vm
+    from tests.schedule.test_conv_int8 import _conv_node
+    from tvm_ascendfuse.frontend import import_onnx
+
+    model = _model(zero_point=-128, relu=True, **case)
+    _conv_node(model, "y", "z", 32, case["cout"], 11)
+    out = model.graph.output[0]
+    out.name = "z"
+    out.type.tensor_type.shape.dim[1].dim_value = 32
+    inputs = _inputs(model)
+    result = compile_ours(import_onnx(model), portable=False)
+    (name,) = [k["name"] for k in result.report.kernels if k["rule"] == "depthwise-conv2d"]
+    script = result.scheduled_module[name].script()
+    assert "_transposed" in script          # the staging copy rewritten (transpose.rewrite_transposed_stages)
+    assert "T.Shuffle" in script.split("_transposed")[-1]   # and the store's shuffle network after it
+    ours, ref = run_vm(result.executable, inputs), run_ort(model, inputs)
+    cos, diff = agreement(ours, ref)
+    assert cos >= 0.999 and diff <= 0.03 * 1.001, (cos, diff / 0.03)   # 0.03: the 1x1 conv's output step

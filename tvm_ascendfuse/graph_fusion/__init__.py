@@ -7,7 +7,7 @@
    matchers below need static shapes too. ``IdentityCopyFusionPass`` right after it drops the kernel calls
    that have become plain copies with the static shapes (a shape-dependent ONNX Pad by zero: Swin), so no
    matcher or rule sees them.
-   ``Conv2DQuantFusionPass``, ``MatMulQuantFusionPass`` and ``DynamicQuantMatMulFusionPass`` next, before anything reads weights: they need
+   ``Conv2DQuantFusionPass``, ``DepthwiseConv2DQuantFusionPass``, ``MatMulQuantFusionPass`` and ``DynamicQuantMatMulFusionPass`` next, before anything reads weights: they need
    the quantized weights as the model stores them (int8 constants under ``dequantize``, which the
    pipeline's first constant fold keeps; the fold after the list turns the rest into float32 constants,
    and until then ``FunctionGraph.const`` reads a dequantized constant as its float32 value).
@@ -64,6 +64,7 @@ from .conv_batchnorm import ConvBatchnormFusionPass
 from .conv1d import Conv1dAsConv2dFusionPass
 from .conv_bias_add import ConvBiasAddFusionPass
 from .conv_quant import Conv2DQuantFusionPass
+from .depthwise_conv_quant import DepthwiseConv2DQuantFusionPass
 from .conv_sibling_merge import ConvSiblingMergeFusionPass
 from .focus_conv import FocusConvFusionPass
 from .gelu import GeluFusionPass
@@ -88,6 +89,7 @@ GRAPH_FUSION_PASSES: list = [
     StaticShapeCanonicalizePass,
     IdentityCopyFusionPass,
     Conv2DQuantFusionPass,
+    DepthwiseConv2DQuantFusionPass,
     MatMulQuantFusionPass,
     DynamicQuantMatMulFusionPass,
     FocusConvFusionPass,

@@ -114,6 +114,47 @@ def as_uint8(graph: FunctionGraph, act: QuantActivation) -> tuple[relax.Expr, in
     return relax.op.astype(wide, "uint8"), zp
 
 
+# Output channels of an int8 conv/GEMM come in whole accumulator vectors (16 int32 lanes of 512 bits): a weight
+# with another count gets zero rows up to the next multiple and the result is sliced back, so the int8 rule
+# (which takes whole vectors only) keeps the conv; the padded channels are computed and never stored.
+OUT_CHANNEL_MULTIPLE = 16
+
+
+def padded_out_channels(w_q: np.ndarray) -> tuple[np.ndarray, int]:
+    """(``w_q`` with zero output channels up to a multiple of OUT_CHANNEL_MULTIPLE, its own count)."""
+    n = w_q.shape[0]
+    extra = -n % OUT_CHANNEL_MULTIPLE
+    if not extra:
+        return w_q, n
+    return np.concatenate([w_q, np.zeros((extra, *w_q.shape[1:]), w_q.dtype)]), n
+
+
+# Input channels of an int8 conv are summed 4 bytes at a time (one dot-product step): an image's 3 channels
+# get a fourth, zero in the weight (its data value never counts).
+IN_CHANNEL_MULTIPLE = 4
+
+
+def conv_padding(x_u: relax.Expr, zp: int, padding, extra_channels: int = 0) -> tuple[relax.Expr, list[int]]:
+    """The conv's input and the padding the conv itself applies. The border must hold the quantized zero:
+    with a zero point of 0 (an activation after ReLU, quantized on [0, max]) that is the conv's own zero
+    padding, which stays inside the conv's kernel; any other zero point gets an explicit ``pad`` by it,
+    which the grouping may place in the producer's kernel (the int8 rules then run that epilogue apart).
+    ``extra_channels``: channels appended to the input (``padded_in_channels``), in the same ``pad``."""
+    top, left, bottom, right = padding
+    if not extra_channels and (zp == 0 or not (top or left or bottom or right)):
+        return x_u, [top, left, bottom, right]
+    return relax.op.nn.pad(x_u, [0, 0, 0, extra_channels, top, bottom, left, right], pad_value=float(zp)), \
+        [0, 0, 0, 0]
+
+
+def padded_in_channels(w_q: np.ndarray) -> np.ndarray:
+    """An OIHW ``w_q`` with zero input channels up to a multiple of IN_CHANNEL_MULTIPLE."""
+    extra = -w_q.shape[1] % IN_CHANNEL_MULTIPLE
+    if not extra:
+        return w_q
+    return np.concatenate([w_q, np.zeros((w_q.shape[0], extra, *w_q.shape[2:]), w_q.dtype)], axis=1)
+
+
 def requantized(acc: relax.Expr, col_sums: np.ndarray, zp: int, scale: np.ndarray, shape: tuple) -> relax.Expr:
     """``(acc - zp * col_sums) * scale`` as float32, with the per-channel constants in ``shape``."""
     corr = (zp * col_sums.astype("int64")).astype("int32").reshape(shape)

@@ -29,11 +29,12 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .analysis import has_reduce, match_conv2d
-from .base import ScheduleRule
+from .base import UB_SCOPE, ScheduleRule
 from .common import extent, ok, root_blocks
 from .hostvec import has_int8_dot, host_vector
 from .int8_dot import DEPTH, DOT_16x4_U8S8, LANES, register_tile
 from .layout import mark_prepack, packable_param
+from .transpose import STAGE_DTYPES, transpose_to_nchw
 
 
 def _param(sch, buf) -> bool:
@@ -95,7 +96,7 @@ class Int8Conv2dRule(ScheduleRule):
         out_shape = [int(d) for d in stmt.writes[0].source.shape]
         # an epilogue writing a larger tensor (the next conv's padded input) has a border no output tile
         # covers: it runs after the conv, over its whole output, from the int32 result
-        whole = any([int(d) for d in sch.get(blk).writes[0].source.shape] != out_shape for blk in epilogue)
+        whole = any(_larger([int(d) for d in sch.get(blk).writes[0].source.shape], out_shape) for blk in epilogue)
 
         sch.transform_layout(producer, ("write", 0), lambda n, c, h, w: [n, c // DEPTH, h, w, c % DEPTH])
         mark_prepack(sch, conv, info.weight_read,
@@ -127,9 +128,78 @@ class Int8Conv2dRule(ScheduleRule):
                 if whole:
                     loops = sch.get_loops(blk)
                     sch.parallel(sch.fuse(*loops[:2]))
-                elif not ok(sch.reverse_compute_at, blk, xo):
-                    return None
+                elif len(epilogue) > 1 or not _transposed_epilogue(sch, blk, xo):
+                    # several outputs keep the vector epilogue (TVM 0.27 raised an internal error placing the
+                    # second output's block after the first one's UB tile)
+                    if not ok(sch.reverse_compute_at, blk, xo):
+                        return None
+                    _vector_epilogue(sch, blk)
         # the packed data: one pass, parallel over channel groups
         p_loops = sch.get_loops(producer)
         sch.parallel(sch.fuse(*p_loops[:2]))
         return sch
+
+
+def _larger(shape, out_shape) -> bool:
+    """Whether an epilogue output of ``shape`` reaches outside the conv's output (a padded next input). One
+    with fewer channels (the conv's weight padded to whole vectors, ``graph_fusion/_quant``) stays per tile:
+    each tile computes its padded channels and stores the real ones."""
+    return len(shape) != len(out_shape) or any(a > b for a, b in zip(shape, out_shape)) \
+        or any(a != b for i, (a, b) in enumerate(zip(shape, out_shape)) if i != 1)
+
+
+def _transposed_epilogue(sch, blk, xo) -> bool:
+    """The per-tile epilogue on 16-channel vectors into a UB tile (NCHW[16]c), stored to the NCHW output
+    through register transposes (``transpose.transpose_to_nchw``: one ``cols``-wide store per channel row
+    instead of 16 lane extracts per vector). False, schedule untouched, when the tile has no such store
+    (channels per tile not a multiple of 16, one column, a store dtype without the intrinsic)."""
+    dtype = str(sch.get(blk).writes[0].source.ty.dtype)
+    if len(sch.get(blk).writes[0].source.shape) != 4 or dtype not in STAGE_DTYPES:
+        return False
+    trial = sch.copy()
+    try:
+        out = trial.cache_write(blk, 0, UB_SCOPE)
+        trial.transform_layout(blk, ("write", 0), lambda n, c, h, w: (n, c // LANES, h, w, c % LANES))
+        trial.reverse_compute_at(blk, xo)
+        trial.reverse_compute_at(out, xo)
+        chans, cols = trial.get_loops(blk)[-2:]
+        n_chans, n_cols = extent(trial, chans), extent(trial, cols)
+        if n_chans is None or n_chans % LANES or n_cols is None or not 2 <= n_cols <= 8:
+            return False
+        trial.reorder(cols, chans)
+        trial.vectorize(trial.split(chans, [None, LANES])[1])
+        o_chans = trial.get_loops(out)[-2]
+        trial.split(o_chans, [None, LANES])
+        if not transpose_to_nchw(trial, out, LANES):
+            return False
+    except RuntimeError:
+        return False
+    # the trial worked: the same steps on the real schedule
+    out = sch.cache_write(blk, 0, UB_SCOPE)
+    sch.transform_layout(blk, ("write", 0), lambda n, c, h, w: (n, c // LANES, h, w, c % LANES))
+    sch.reverse_compute_at(blk, xo)
+    sch.reverse_compute_at(out, xo)
+    chans, cols = sch.get_loops(blk)[-2:]
+    sch.reorder(cols, chans)
+    sch.vectorize(sch.split(chans, [None, LANES])[1])
+    sch.split(sch.get_loops(out)[-2], [None, LANES])
+    return transpose_to_nchw(sch, out, LANES)
+
+
+def _vector_epilogue(sch, blk) -> None:
+    """The per-tile epilogue with the channels as its inner loop, 16 to a vector (8 or 4 when the output
+    has a channel count 16 does not divide, the padded channels not stored): its reads of the
+    ``[n, y, x, f]`` accumulator and its per-channel constants are whole vectors and the arithmetic
+    (requantize's divide, round and clip) runs on all lanes at once; only the store into the NCHW output
+    goes lane by lane. Left as placed (scalar) when its loops are not (channels, columns)."""
+    loops = sch.get_loops(blk)
+    if len(loops) < 2:
+        return
+    chans, cols = loops[-2:]
+    n_chans = extent(sch, chans)
+    lanes = next((v for v in (LANES, 8, 4) if n_chans is not None and n_chans % v == 0), None)
+    if lanes is None:
+        return
+    sch.reorder(cols, chans)
+    _, inner = sch.split(chans, [None, lanes])
+    sch.vectorize(inner)
