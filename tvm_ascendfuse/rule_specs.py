@@ -87,6 +87,10 @@ class RuleSpec:
 # In DEFAULT_RULES order (schedule/apply.py). Letters: kinds.py; [EL] injective ops; lower case: an op whose
 # value is also an output of the kernel (only where the rule handles a second output).
 RULE_SPECS: tuple[RuleSpec, ...] = (
+    # A whole recurrent layer is a kernel its converter writes (onnx_recurrent, recurrence_kernel), never a
+    # group the grouping makes from ops: nothing is predicted to it.
+    RuleSpec("recurrence", r"(?!)", SPECIALISED, note="a recurrent layer with its step loop inside (converter-made); "
+             "each step's weight panels over the cores"),
     RuleSpec("squeeze-excite", r"[EL]*M[EL]*[CG][EL]*[CG][EL]*", SPECIALISED,
              note="whole-plane mean -> FC (1x1 conv or matmul) -> activation -> FC -> gate"),
     RuleSpec("gemv", r"[ELR]*G([EL]*G)*[ELRMelrm]*", SPECIALISED, chained=False, max_rows=GEMV_MAX_ROWS,
