@@ -289,7 +289,7 @@ class _Recurrent(OnnxOpConverter):
         step loop inside. (Y (seq, dirs, batch, hidden), Y_h (dirs, batch, hidden), Y_c or None)."""
         bb, dtype, hidden, batch, layout = ctx["bb"], ctx["dtype"], ctx["hidden"], ctx["batch"], ctx["layout"]
         g, nd = cls.gates, len(dirs)
-        spec = LayerSpec(kind, seq, batch, hidden, panel_units(hidden, g), nd, dirs == ["reverse"])
+        spec = LayerSpec(kind, seq, batch, hidden, panel_units(hidden, g, batch), nd, dirs == ["reverse"])
         units, panels = spec.units, spec.panels
         if b is not None:
             wb = bb.emit(_op.strided_slice(b, [1], [0], [g * hidden]))                  # (dirs, g * hidden)

@@ -36,6 +36,7 @@ the gates vectorised with the polynomial exp of ``schedule.fast_math``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -47,6 +48,9 @@ ATTR = "ascendfuse.recurrence"
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 # Columns of one panel at most: eight AVX-512 vectors of accumulators per row (the GEMV rule's panel).
 MAX_PANEL_COLUMNS = 128
+# Accumulator vectors of one panel at most, over its batch rows (AVX-512 has 32 registers: the rest hold the
+# weight loads and the broadcast state).
+MAX_ACCUMULATOR_VECTORS = 24
 K_UNROLL = 4
 
 
@@ -81,11 +85,12 @@ class LayerSpec:
         return LayerSpec(kind, steps, batch, hidden, units, dirs, bool(rev))
 
 
-def panel_units(hidden: int, gates: int, lanes: int = 16) -> int:
+def panel_units(hidden: int, gates: int, batch: int = 1, lanes: int = 16) -> int:
     """Units per panel: a divisor of ``hidden`` whose panel (gates x units columns) fits
-    ``MAX_PANEL_COLUMNS``, a multiple of the vector lanes where one is (whole vectors for the gates), the
-    largest such."""
-    fits = [d for d in range(1, hidden + 1) if hidden % d == 0 and d * gates <= MAX_PANEL_COLUMNS]
+    ``MAX_PANEL_COLUMNS`` and whose accumulators (batch rows of it) fit ``MAX_ACCUMULATOR_VECTORS`` vector
+    registers, a multiple of the vector lanes where one is (whole vectors for the gates), the largest such."""
+    columns = min(MAX_PANEL_COLUMNS, max(lanes, MAX_ACCUMULATOR_VECTORS * lanes // max(1, batch)))
+    fits = [d for d in range(1, hidden + 1) if hidden % d == 0 and d * gates <= columns]
     whole = [d for d in fits if d % lanes == 0]
     return max(whole or fits or [1])
 
@@ -95,13 +100,15 @@ def _fast_tanh(x):
     return tirx.const(2.0, "float32") * fast_sigmoid_expr(tirx.const(2.0, "float32") * x) - tirx.const(1.0, "float32")
 
 
-def layer_kernel(spec: LayerSpec, scheduled: bool, parallel: bool = True) -> tirx.PrimFunc:
+def layer_kernel(spec: LayerSpec, scheduled: bool, parallel: bool = True, lanes: int = 16) -> tirx.PrimFunc:
     """The kernel of ``spec`` in its reference form (``scheduled=False``) or its scheduled form (its panel
-    loop parallel when ``parallel``)."""
+    loop parallel when ``parallel``; the panel's accumulators as unrolled vectors of at most ``lanes``
+    float32: one register each, so they stay in registers across the k loop)."""
     make = {"lstm": _lstm, "gru": _gru, "rnn": _rnn}[spec.kind]
     # private: the module names it (a TVMScript function carries its Python name as its global symbol, the
     # same for every direction and shape)
-    func = make(spec, scheduled, parallel).without_attr("global_symbol")
+    func = make(spec, scheduled, parallel, math.gcd(spec.gates * spec.units, lanes) if scheduled else 1)
+    func = func.without_attr("global_symbol")
     return func.with_attr(ATTR, spec.encode()).with_attr("tirx.noalias", True)
 
 
@@ -129,7 +136,7 @@ def _time(spec: LayerSpec):
     return time, before
 
 
-def _lstm(spec: LayerSpec, scheduled: bool, parallel: bool) -> tirx.PrimFunc:
+def _lstm(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimFunc:
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     GU, N = 4 * U, 4 * H
     KU = K_UNROLL if H % K_UNROLL == 0 else 1
@@ -158,13 +165,16 @@ def _lstm(spec: LayerSpec, scheduled: bool, parallel: bool) -> tirx.PrimFunc:
                         for b, k in T.grid(B, H):
                             hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
                         for b in unr(B):
-                            for j in vec(GU):
-                                acc[b, j] = proj[time(s, dp // P), b, dp * GU + j]
+                            for jo in unr(GU // L):
+                                for jl in vec(L):
+                                    acc[b, jo * L + jl] = proj[time(s, dp // P), b, dp * GU + jo * L + jl]
                         for ko in T.serial(H // KU):
                             for ki in unr(KU):
                                 for b in unr(B):
-                                    for j in vec(GU):
-                                        acc[b, j] = acc[b, j] + hl[b, ko * KU + ki] * w[dp // P, dp % P, ko * KU + ki, j]
+                                    for jo in unr(GU // L):
+                                        for jl in vec(L):
+                                            acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
+                                                dp // P, dp % P, ko * KU + ki, jo * L + jl]
                         for b in unr(B):
                             for uu in vec(U):
                                 c[dp // P, b, dp % P * U + uu] = (
@@ -175,7 +185,7 @@ def _lstm(spec: LayerSpec, scheduled: bool, parallel: bool) -> tirx.PrimFunc:
     return lstm_layer
 
 
-def _gru(spec: LayerSpec, scheduled: bool, parallel: bool) -> tirx.PrimFunc:
+def _gru(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimFunc:
     """GRU with ``linear_before_reset``: the reset gate multiplies ``h @ Rh^T + Rbh``, so one product per
     step covers all three gates (without it, ``(r * h) @ Rh^T`` needs every unit's r first: two passes)."""
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
@@ -200,13 +210,16 @@ def _gru(spec: LayerSpec, scheduled: bool, parallel: bool) -> tirx.PrimFunc:
                         for b, k in T.grid(B, H):
                             hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
                         for b in unr(B):
-                            for j in vec(GU):
-                                acc[b, j] = T.float32(0.0)
+                            for jo in unr(GU // L):
+                                for jl in vec(L):
+                                    acc[b, jo * L + jl] = T.float32(0.0)
                         for ko in T.serial(H // KU):
                             for ki in unr(KU):
                                 for b in unr(B):
-                                    for j in vec(GU):
-                                        acc[b, j] = acc[b, j] + hl[b, ko * KU + ki] * w[dp // P, dp % P, ko * KU + ki, j]
+                                    for jo in unr(GU // L):
+                                        for jl in vec(L):
+                                            acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
+                                                dp // P, dp % P, ko * KU + ki, jo * L + jl]
                         for b in unr(B):
                             for uu in vec(U):
                                 # the candidate n replaces its product in acc; then h' = n + z (h - n)
@@ -220,7 +233,7 @@ def _gru(spec: LayerSpec, scheduled: bool, parallel: bool) -> tirx.PrimFunc:
     return gru_layer
 
 
-def _rnn(spec: LayerSpec, scheduled: bool, parallel: bool) -> tirx.PrimFunc:
+def _rnn(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimFunc:
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     KU = K_UNROLL if H % K_UNROLL == 0 else 1
     par, vec, unr, sig, tanh = _loops(spec, scheduled, parallel)
@@ -240,13 +253,16 @@ def _rnn(spec: LayerSpec, scheduled: bool, parallel: bool) -> tirx.PrimFunc:
                         for b, k in T.grid(B, H):
                             hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
                         for b in unr(B):
-                            for j in vec(U):
-                                acc[b, j] = proj[time(s, dp // P), b, dp * U + j]
+                            for jo in unr(U // L):
+                                for jl in vec(L):
+                                    acc[b, jo * L + jl] = proj[time(s, dp // P), b, dp * U + jo * L + jl]
                         for ko in T.serial(H // KU):
                             for ki in unr(KU):
                                 for b in unr(B):
-                                    for j in vec(U):
-                                        acc[b, j] = acc[b, j] + hl[b, ko * KU + ki] * w[dp // P, dp % P, ko * KU + ki, j]
+                                    for jo in unr(U // L):
+                                        for jl in vec(L):
+                                            acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
+                                                dp // P, dp % P, ko * KU + ki, jo * L + jl]
                         for b in unr(B):
                             for uu in vec(U):
                                 y[time(s, dp // P), dp // P, b, dp % P * U + uu] = tanh(acc[b, uu])

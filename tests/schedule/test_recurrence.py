@@ -25,8 +25,8 @@ SPECS = {
 
 
 def _spec(kind, steps, batch, hidden, dirs, reverse):
-    return LayerSpec(kind, steps, batch, hidden, panel_units(hidden, {"lstm": 4, "gru": 3, "rnn": 1}[kind]),
-                     dirs, reverse)
+    return LayerSpec(kind, steps, batch, hidden,
+                     panel_units(hidden, {"lstm": 4, "gru": 3, "rnn": 1}[kind], batch), dirs, reverse)
 
 
 @pytest.mark.parametrize("name", list(SPECS))

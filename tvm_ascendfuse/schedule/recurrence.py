@@ -28,8 +28,9 @@ class RecurrenceRule(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or func.attrs is None or ATTR not in func.attrs:
             return None
         spec = LayerSpec.decode(func.attrs[ATTR])
-        cores = host_vector(host).cores
-        new = layer_kernel(spec, scheduled=True, parallel=cores > 1)
+        hv = host_vector(host)
+        cores = hv.cores
+        new = layer_kernel(spec, scheduled=True, parallel=cores > 1, lanes=hv.lanes("float32"))
         if _params(new) != _params(func):
             return None        # not the kernel the tag describes (edited after the converter): leave it
         for key, value in func.attrs.items():     # the kernel's own attrs (its symbol, op pattern) carry over
