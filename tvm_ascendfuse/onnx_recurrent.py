@@ -308,8 +308,9 @@ class _Recurrent(OnnxOpConverter):
                                      (nd * g * hidden, k_in)))
         bias = bb.emit(_op.reshape(_op.permute_dims(_op.reshape(_op.add(wb, rb), (nd, g, panels, units)),
                                                     [0, 2, 1, 3]), (nd * g * hidden,)))
+        # kept 2-D, (seq x batch) rows: a reshape to (seq, batch, ...) in its epilogue would make the GEMM
+        # rule see batch-1 products of one row each (a GEMV per step, a fifth of the GEMM speed on lstm2)
         proj = bb.emit(_op.add(_op.matmul(rows, bb.emit(_op.permute_dims(w_rows, [1, 0]))), bias))
-        proj = bb.emit(_op.reshape(proj, (seq, batch, nd * g * hidden)))
         # R^T in panels: (dirs, panels, hidden_in, gates x units), each panel one contiguous block
         packed = bb.emit(_op.reshape(_op.permute_dims(_op.reshape(r, (nd, g, panels, units, hidden)), [0, 2, 4, 1, 3]),
                                      (nd, panels, hidden, g * units)))

@@ -13,8 +13,8 @@ reading the same direction's weight (a GRU of 256 units: 768 KB, its L2).
 What the kernel takes (the converter, ``onnx_recurrent``, lays it out once; for constant weights the
 layout is folded at compile time):
 
-* ``proj`` (steps, batch, directions x gates x hidden): the input projection of every step with its bias
-  (both directions' products as one GEMM), columns per direction in *panel order* ``[panel, gate, unit]``
+* ``proj`` (steps x batch, directions x gates x hidden): the input projection of every step with its bias
+  (both directions' products as one GEMM of steps x batch rows, as the GEMM writes it), columns per direction in *panel order* ``[panel, gate, unit]``
   (``units`` hidden units per panel, every gate of those units);
 * ``w`` (directions, panels, hidden, gates x units): the recurrent weight ``R^T`` cut into the same panels,
   each one contiguous run of memory;
@@ -146,14 +146,14 @@ def _lstm(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.Prim
     # The cell state is updated in place in ``c`` (a unit's cell is read and written by its own panel only);
     # its new value is read back for h (a Let inside a vectorised loop would hold one lane, TVM 0.27).
     @T.prim_func(s_tir=True)
-    def lstm_layer(proj: T.Buffer((S, B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
+    def lstm_layer(proj: T.Buffer((S * B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
                    h0: T.Buffer((D, B, H), "float32"), c0: T.Buffer((D, B, H), "float32"),
                    y: T.Buffer((S, D, B, H), "float32"), c: T.Buffer((D, B, H), "float32")):
         with T.sblock("root"):
             # one opaque block under the root: the block analyses of the schedule phase (weight
             # pre-packing) see a kernel of one block and leave it alone
             with T.sblock("recurrence"):
-                T.reads(proj[0:S, 0:B, 0:D * N], w[0:D, 0:P, 0:H, 0:GU], h0[0:D, 0:B, 0:H], c0[0:D, 0:B, 0:H],
+                T.reads(proj[0:S * B, 0:D * N], w[0:D, 0:P, 0:H, 0:GU], h0[0:D, 0:B, 0:H], c0[0:D, 0:B, 0:H],
                         y[0:S, 0:D, 0:B, 0:H], c[0:D, 0:B, 0:H])
                 T.writes(y[0:S, 0:D, 0:B, 0:H], c[0:D, 0:B, 0:H])
                 for d, b, u in T.grid(D, B, H):
@@ -167,7 +167,7 @@ def _lstm(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.Prim
                         for b in unr(B):
                             for jo in unr(GU // L):
                                 for jl in vec(L):
-                                    acc[b, jo * L + jl] = proj[time(s, dp // P), b, dp * GU + jo * L + jl]
+                                    acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + jo * L + jl]
                         for ko in T.serial(H // KU):
                             for ki in unr(KU):
                                 for b in unr(B):
@@ -195,12 +195,12 @@ def _gru(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimF
     time, before = _time(spec)
 
     @T.prim_func(s_tir=True)
-    def gru_layer(proj: T.Buffer((S, B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
+    def gru_layer(proj: T.Buffer((S * B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
                   rbh: T.Buffer((D, H), "float32"), h0: T.Buffer((D, B, H), "float32"),
                   y: T.Buffer((S, D, B, H), "float32")):
         with T.sblock("root"):
             with T.sblock("recurrence"):
-                T.reads(proj[0:S, 0:B, 0:D * N], w[0:D, 0:P, 0:H, 0:GU], rbh[0:D, 0:H], h0[0:D, 0:B, 0:H],
+                T.reads(proj[0:S * B, 0:D * N], w[0:D, 0:P, 0:H, 0:GU], rbh[0:D, 0:H], h0[0:D, 0:B, 0:H],
                         y[0:S, 0:D, 0:B, 0:H])
                 T.writes(y[0:S, 0:D, 0:B, 0:H])
                 for s in T.serial(S):
@@ -224,11 +224,11 @@ def _gru(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimF
                             for uu in vec(U):
                                 # the candidate n replaces its product in acc; then h' = n + z (h - n)
                                 acc[b, 2 * U + uu] = tanh(
-                                    proj[time(s, dp // P), b, dp * GU + 2 * U + uu]
-                                    + sig(proj[time(s, dp // P), b, dp * GU + U + uu] + acc[b, U + uu])
+                                    proj[time(s, dp // P) * B + b, dp * GU + 2 * U + uu]
+                                    + sig(proj[time(s, dp // P) * B + b, dp * GU + U + uu] + acc[b, U + uu])
                                     * (acc[b, 2 * U + uu] + rbh[dp // P, dp % P * U + uu]))
                                 y[time(s, dp // P), dp // P, b, dp % P * U + uu] = acc[b, 2 * U + uu] + sig(
-                                    proj[time(s, dp // P), b, dp * GU + uu] + acc[b, uu]) * (
+                                    proj[time(s, dp // P) * B + b, dp * GU + uu] + acc[b, uu]) * (
                                     hl[b, dp % P * U + uu] - acc[b, 2 * U + uu])
     return gru_layer
 
@@ -240,11 +240,11 @@ def _rnn(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimF
     time, before = _time(spec)
 
     @T.prim_func(s_tir=True)
-    def rnn_layer(proj: T.Buffer((S, B, D * H), "float32"), w: T.Buffer((D, P, H, U), "float32"),
+    def rnn_layer(proj: T.Buffer((S * B, D * H), "float32"), w: T.Buffer((D, P, H, U), "float32"),
                   h0: T.Buffer((D, B, H), "float32"), y: T.Buffer((S, D, B, H), "float32")):
         with T.sblock("root"):
             with T.sblock("recurrence"):
-                T.reads(proj[0:S, 0:B, 0:D * H], w[0:D, 0:P, 0:H, 0:U], h0[0:D, 0:B, 0:H], y[0:S, 0:D, 0:B, 0:H])
+                T.reads(proj[0:S * B, 0:D * H], w[0:D, 0:P, 0:H, 0:U], h0[0:D, 0:B, 0:H], y[0:S, 0:D, 0:B, 0:H])
                 T.writes(y[0:S, 0:D, 0:B, 0:H])
                 for s in T.serial(S):
                     for dp in par(D * P):
@@ -255,7 +255,7 @@ def _rnn(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimF
                         for b in unr(B):
                             for jo in unr(U // L):
                                 for jl in vec(L):
-                                    acc[b, jo * L + jl] = proj[time(s, dp // P), b, dp * U + jo * L + jl]
+                                    acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * U + jo * L + jl]
                         for ko in T.serial(H // KU):
                             for ki in unr(KU):
                                 for b in unr(B):
