@@ -100,24 +100,40 @@ def _fast_tanh(x):
     return tirx.const(2.0, "float32") * fast_sigmoid_expr(tirx.const(2.0, "float32") * x) - tirx.const(1.0, "float32")
 
 
-def layer_kernel(spec: LayerSpec, scheduled: bool, parallel: bool = True, lanes: int = 16) -> tirx.PrimFunc:
-    """The kernel of ``spec`` in its reference form (``scheduled=False``) or its scheduled form (its panel
-    loop parallel when ``parallel``; the panel's accumulators as unrolled vectors of at most ``lanes``
-    float32: one register each, so they stay in registers across the k loop)."""
+def layer_kernel(spec: LayerSpec, scheduled: bool, cores: int = 1, lanes: int = 16) -> tirx.PrimFunc:
+    """The kernel of ``spec`` in its reference form (``scheduled=False``: serial, the panels in the scheduled
+    form's order for one core) or its scheduled form (its panels in ``cores`` parallel chunks; the panel's
+    accumulators as unrolled vectors of at most ``lanes`` float32: one register each, so they stay in
+    registers across the k loop)."""
     make = {"lstm": _lstm, "gru": _gru, "rnn": _rnn}[spec.kind]
     # private: the module names it (a TVMScript function carries its Python name as its global symbol, the
     # same for every direction and shape)
-    func = make(spec, scheduled, parallel, math.gcd(spec.gates * spec.units, lanes) if scheduled else 1)
+    func = make(spec, scheduled, cores if scheduled else 1, math.gcd(spec.gates * spec.units, lanes) if scheduled else 1)
     func = func.without_attr("global_symbol")
     return func.with_attr(ATTR, spec.encode()).with_attr("tirx.noalias", True)
 
 
-def _loops(spec: LayerSpec, scheduled: bool, parallel: bool):
-    """(panel loop, vector loop, unrolled loop, sigmoid, tanh) of one form."""
+def _loops(spec: LayerSpec, scheduled: bool, cores: int):
+    """(chunk loop, vector loop, unrolled loop, sigmoid, tanh) of one form."""
     if scheduled:
-        par = T.parallel if parallel and spec.directions * spec.panels > 1 else T.serial
+        par = T.parallel if cores > 1 and spec.directions * spec.panels > 1 else T.serial
         return par, T.vectorized, T.unroll, fast_sigmoid_expr, _fast_tanh
     return T.serial, T.serial, T.serial, tirx.sigmoid, tirx.tanh
+
+
+def _chunks(spec: LayerSpec, cores: int):
+    """(chunks, panels per chunk, order): the panels of both directions in ``cores`` contiguous chunks, one
+    per core (each core reads the same weight panels every step); ``order(s, chunk, i)`` is the panel a
+    chunk computes ``i``-th at step ``s``: forwards on even steps, backwards on odd ones, so a step starts
+    on the panels the previous one ended on, still in the core's L2 when its chunk does not fit there
+    (lstm2: 2 MB per core, 1 MB of L2)."""
+    total = spec.directions * spec.panels
+    chunks = cores if cores > 1 and total % cores == 0 else (total if cores > 1 else 1)
+    per = total // chunks
+
+    def order(s, chunk, i):
+        return chunk * per + i + (s % 2) * (per - 1 - 2 * i)
+    return chunks, per, order
 
 
 def _time(spec: LayerSpec):
@@ -136,11 +152,12 @@ def _time(spec: LayerSpec):
     return time, before
 
 
-def _lstm(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimFunc:
+def _lstm(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     GU, N = 4 * U, 4 * H
     KU = K_UNROLL if H % K_UNROLL == 0 else 1
-    par, vec, unr, sig, tanh = _loops(spec, scheduled, parallel)
+    par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
+    C, Q, zigzag = _chunks(spec, cores)
     time, before = _time(spec)
 
     # The cell state is updated in place in ``c`` (a unit's cell is read and written by its own panel only);
@@ -159,39 +176,42 @@ def _lstm(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.Prim
                 for d, b, u in T.grid(D, B, H):
                     c[d, b, u] = c0[d, b, u]
                 for s in T.serial(S):
-                    for dp in par(D * P):
-                        hl = T.decl_buffer((B, H), "float32", scope="local")
-                        acc = T.decl_buffer((B, GU), "float32", scope="local")
-                        for b, k in T.grid(B, H):
-                            hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                        for b in unr(B):
-                            for jo in unr(GU // L):
-                                for jl in vec(L):
-                                    acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + jo * L + jl]
-                        for ko in T.serial(H // KU):
-                            for ki in unr(KU):
-                                for b in unr(B):
-                                    for jo in unr(GU // L):
-                                        for jl in vec(L):
-                                            acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                dp // P, dp % P, ko * KU + ki, jo * L + jl]
-                        for b in unr(B):
-                            for uu in vec(U):
-                                c[dp // P, b, dp % P * U + uu] = (
-                                    sig(acc[b, 2 * U + uu]) * c[dp // P, b, dp % P * U + uu]
-                                    + sig(acc[b, uu]) * tanh(acc[b, 3 * U + uu]))
-                                y[time(s, dp // P), dp // P, b, dp % P * U + uu] = (
-                                    sig(acc[b, U + uu]) * tanh(c[dp // P, b, dp % P * U + uu]))
+                    for cq in par(C):
+                        for qi in T.serial(Q):
+                            dp = zigzag(s, cq, qi)
+                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            acc = T.decl_buffer((B, GU), "float32", scope="local")
+                            for b, k in T.grid(B, H):
+                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
+                            for b in unr(B):
+                                for jo in unr(GU // L):
+                                    for jl in vec(L):
+                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + jo * L + jl]
+                            for ko in T.serial(H // KU):
+                                for ki in unr(KU):
+                                    for b in unr(B):
+                                        for jo in unr(GU // L):
+                                            for jl in vec(L):
+                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
+                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            for b in unr(B):
+                                for uu in vec(U):
+                                    c[dp // P, b, dp % P * U + uu] = (
+                                        sig(acc[b, 2 * U + uu]) * c[dp // P, b, dp % P * U + uu]
+                                        + sig(acc[b, uu]) * tanh(acc[b, 3 * U + uu]))
+                                    y[time(s, dp // P), dp // P, b, dp % P * U + uu] = (
+                                        sig(acc[b, U + uu]) * tanh(c[dp // P, b, dp % P * U + uu]))
     return lstm_layer
 
 
-def _gru(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimFunc:
+def _gru(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     """GRU with ``linear_before_reset``: the reset gate multiplies ``h @ Rh^T + Rbh``, so one product per
     step covers all three gates (without it, ``(r * h) @ Rh^T`` needs every unit's r first: two passes)."""
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     GU, N = 3 * U, 3 * H
     KU = K_UNROLL if H % K_UNROLL == 0 else 1
-    par, vec, unr, sig, tanh = _loops(spec, scheduled, parallel)
+    par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
+    C, Q, zigzag = _chunks(spec, cores)
     time, before = _time(spec)
 
     @T.prim_func(s_tir=True)
@@ -204,39 +224,42 @@ def _gru(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimF
                         y[0:S, 0:D, 0:B, 0:H])
                 T.writes(y[0:S, 0:D, 0:B, 0:H])
                 for s in T.serial(S):
-                    for dp in par(D * P):
-                        hl = T.decl_buffer((B, H), "float32", scope="local")
-                        acc = T.decl_buffer((B, GU), "float32", scope="local")
-                        for b, k in T.grid(B, H):
-                            hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                        for b in unr(B):
-                            for jo in unr(GU // L):
-                                for jl in vec(L):
-                                    acc[b, jo * L + jl] = T.float32(0.0)
-                        for ko in T.serial(H // KU):
-                            for ki in unr(KU):
-                                for b in unr(B):
-                                    for jo in unr(GU // L):
-                                        for jl in vec(L):
-                                            acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                dp // P, dp % P, ko * KU + ki, jo * L + jl]
-                        for b in unr(B):
-                            for uu in vec(U):
-                                # the candidate n replaces its product in acc; then h' = n + z (h - n)
-                                acc[b, 2 * U + uu] = tanh(
-                                    proj[time(s, dp // P) * B + b, dp * GU + 2 * U + uu]
-                                    + sig(proj[time(s, dp // P) * B + b, dp * GU + U + uu] + acc[b, U + uu])
-                                    * (acc[b, 2 * U + uu] + rbh[dp // P, dp % P * U + uu]))
-                                y[time(s, dp // P), dp // P, b, dp % P * U + uu] = acc[b, 2 * U + uu] + sig(
-                                    proj[time(s, dp // P) * B + b, dp * GU + uu] + acc[b, uu]) * (
-                                    hl[b, dp % P * U + uu] - acc[b, 2 * U + uu])
+                    for cq in par(C):
+                        for qi in T.serial(Q):
+                            dp = zigzag(s, cq, qi)
+                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            acc = T.decl_buffer((B, GU), "float32", scope="local")
+                            for b, k in T.grid(B, H):
+                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
+                            for b in unr(B):
+                                for jo in unr(GU // L):
+                                    for jl in vec(L):
+                                        acc[b, jo * L + jl] = T.float32(0.0)
+                            for ko in T.serial(H // KU):
+                                for ki in unr(KU):
+                                    for b in unr(B):
+                                        for jo in unr(GU // L):
+                                            for jl in vec(L):
+                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
+                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            for b in unr(B):
+                                for uu in vec(U):
+                                    # the candidate n replaces its product in acc; then h' = n + z (h - n)
+                                    acc[b, 2 * U + uu] = tanh(
+                                        proj[time(s, dp // P) * B + b, dp * GU + 2 * U + uu]
+                                        + sig(proj[time(s, dp // P) * B + b, dp * GU + U + uu] + acc[b, U + uu])
+                                        * (acc[b, 2 * U + uu] + rbh[dp // P, dp % P * U + uu]))
+                                    y[time(s, dp // P), dp // P, b, dp % P * U + uu] = acc[b, 2 * U + uu] + sig(
+                                        proj[time(s, dp // P) * B + b, dp * GU + uu] + acc[b, uu]) * (
+                                        hl[b, dp % P * U + uu] - acc[b, 2 * U + uu])
     return gru_layer
 
 
-def _rnn(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimFunc:
+def _rnn(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     KU = K_UNROLL if H % K_UNROLL == 0 else 1
-    par, vec, unr, sig, tanh = _loops(spec, scheduled, parallel)
+    par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
+    C, Q, zigzag = _chunks(spec, cores)
     time, before = _time(spec)
 
     @T.prim_func(s_tir=True)
@@ -247,23 +270,25 @@ def _rnn(spec: LayerSpec, scheduled: bool, parallel: bool, L: int) -> tirx.PrimF
                 T.reads(proj[0:S * B, 0:D * H], w[0:D, 0:P, 0:H, 0:U], h0[0:D, 0:B, 0:H], y[0:S, 0:D, 0:B, 0:H])
                 T.writes(y[0:S, 0:D, 0:B, 0:H])
                 for s in T.serial(S):
-                    for dp in par(D * P):
-                        hl = T.decl_buffer((B, H), "float32", scope="local")
-                        acc = T.decl_buffer((B, U), "float32", scope="local")
-                        for b, k in T.grid(B, H):
-                            hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                        for b in unr(B):
-                            for jo in unr(U // L):
-                                for jl in vec(L):
-                                    acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * U + jo * L + jl]
-                        for ko in T.serial(H // KU):
-                            for ki in unr(KU):
-                                for b in unr(B):
-                                    for jo in unr(U // L):
-                                        for jl in vec(L):
-                                            acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                dp // P, dp % P, ko * KU + ki, jo * L + jl]
-                        for b in unr(B):
-                            for uu in vec(U):
-                                y[time(s, dp // P), dp // P, b, dp % P * U + uu] = tanh(acc[b, uu])
+                    for cq in par(C):
+                        for qi in T.serial(Q):
+                            dp = zigzag(s, cq, qi)
+                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            acc = T.decl_buffer((B, U), "float32", scope="local")
+                            for b, k in T.grid(B, H):
+                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
+                            for b in unr(B):
+                                for jo in unr(U // L):
+                                    for jl in vec(L):
+                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * U + jo * L + jl]
+                            for ko in T.serial(H // KU):
+                                for ki in unr(KU):
+                                    for b in unr(B):
+                                        for jo in unr(U // L):
+                                            for jl in vec(L):
+                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
+                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            for b in unr(B):
+                                for uu in vec(U):
+                                    y[time(s, dp // P), dp // P, b, dp % P * U + uu] = tanh(acc[b, uu])
     return rnn_layer

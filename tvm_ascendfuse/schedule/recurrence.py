@@ -3,8 +3,10 @@ the cores.
 
 The converter (``onnx_recurrent``) emits the layer's reference form: serial loops that TVM's lowering
 builds as they are. This rule puts the scheduled form of the same computation in its place: per step, one
-parallel region over the panels of the recurrent weight (its end is the barrier the next step needs), the
-panel's accumulators in vector registers with ``k`` unrolled, the gates vectorised with the polynomial exp.
+parallel region over the panels of the recurrent weight in one contiguous chunk per core, walked forwards
+and backwards on alternate steps (a core starts a step on the panels still in its L2; the region's end is
+the barrier the next step needs), the panel's accumulators in vector registers with ``k`` unrolled, the
+gates vectorised with the polynomial exp.
 On a one-core host the panel loop stays serial (a parallel region would only add the pool's wake-up).
 """
 
@@ -30,7 +32,7 @@ class RecurrenceRule(ScheduleRule):
         spec = LayerSpec.decode(func.attrs[ATTR])
         hv = host_vector(host)
         cores = hv.cores
-        new = layer_kernel(spec, scheduled=True, parallel=cores > 1, lanes=hv.lanes("float32"))
+        new = layer_kernel(spec, scheduled=True, cores=cores, lanes=hv.lanes("float32"))
         if _params(new) != _params(func):
             return None        # not the kernel the tag describes (edited after the converter): leave it
         for key, value in func.attrs.items():     # the kernel's own attrs (its symbol, op pattern) carry over
