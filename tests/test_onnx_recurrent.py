@@ -173,27 +173,35 @@ def test_matches_onnxruntime(op, name, kw):
     check_against_ort(recurrent_model(op, seq_lens=seq_lens, **kw), seq_lens)
 
 
-def test_input_projection_is_one_gemm_before_the_loop():
-    """Every step's input product is in one GEMM of seq x batch rows; the steps multiply only the state."""
+# the whole-layer kernel (recurrence_kernel) takes the default activations without clip, sequence_lens,
+# peepholes or input_forget (GRU: linear_before_reset); these attributes keep a layer unrolled step by step
+UNROLLED = {"LSTM": {"peepholes": True}, "GRU": {"linear_before_reset": 1, "clip": 50.0}, "RNN": {"clip": 50.0}}
+
+
+@pytest.mark.parametrize("unrolled", [False, True], ids=["layer_kernel", "unrolled"])
+def test_input_projection_is_one_gemm_before_the_loop(unrolled):
+    """Every step's input product is in one GEMM of seq x batch rows; the steps multiply only the state
+    (inside the layer's kernel, or one product per unrolled step)."""
     from tvm import relax
 
-    mod = import_onnx(recurrent_model("LSTM", seq=5, batch=2, inp=7, hidden=3))
+    mod = import_onnx(recurrent_model("LSTM", seq=5, batch=2, inp=7, hidden=3,
+                                      **(UNROLLED["LSTM"] if unrolled else {})))
     rows = []
 
     def visit(e):
         if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.matmul":
             rows.append(int(e.args[0].ty.shape[0]))
     relax.analysis.post_order_visit(mod["main"].body, visit)
-    assert sorted(rows) == [2] * 5 + [10], rows
+    assert sorted(rows) == ([2] * 5 if unrolled else []) + [10], rows
 
 
-@pytest.mark.parametrize("op,kw", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("RNN", {})],
-                         ids=["LSTM", "GRU-lbr1", "RNN"])
-def test_every_step_is_one_gemv_kernel(op, kw):
-    """Each step's recurrent product, gates and state update are one kernel on the GEMV rule, and the steps
-    share that kernel's function (their projection rows come by index, not compiled-in slice bounds)."""
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_unrolled_step_is_one_gemv_kernel(op):
+    """Unrolled, each step's recurrent product, gates and state update are one kernel on the GEMV rule, and
+    the steps share that kernel's function (their projection rows come by index, not compiled-in slice
+    bounds)."""
     seq = 6
-    result = af.compile_model(import_onnx(recurrent_model(op, seq=seq, batch=1, inp=8, hidden=16, **kw)),
+    result = af.compile_model(import_onnx(recurrent_model(op, seq=seq, batch=1, inp=8, hidden=16, **UNROLLED[op])),
                               portable=True)
     # a kernel with a product and an activation is a step (the projection has no activation; step 0
     # starts from the zero state, so it has no product)
@@ -202,6 +210,44 @@ def test_every_step_is_one_gemv_kernel(op, kw):
     assert steps and all(k.get("rule") == "gemv" for k in steps), [(k.get("rule"), k["ops"]) for k in steps]
     assert sum(k["launches"] for k in steps) == seq - 1, [(k["launches"], k["ops"]) for k in steps]
     assert len(steps) <= 2, [k["ops"] for k in steps]       # the last step also writes Y
+
+
+LAYER_CASES = {
+    # several panels, batch rows, both directions, batch-first, initial states, unit counts that are not whole
+    # vectors (hidden 40: panels of 20 units), no bias
+    "LSTM-bidirectional_layout1_two_panels": ("LSTM", dict(direction="bidirectional", layout=1, initial=True,
+                                                           hidden=40, batch=2)),
+    "LSTM-reverse_no_bias_two_panels": ("LSTM", dict(direction="reverse", bias=False, hidden=64, batch=1)),
+    "GRU-bidirectional_three_panels": ("GRU", dict(direction="bidirectional", linear_before_reset=1, hidden=48,
+                                                   initial=True)),
+    "GRU-reverse_layout1_no_bias": ("GRU", dict(direction="reverse", linear_before_reset=1, layout=1, bias=False,
+                                                hidden=32, batch=2)),
+    "RNN-bidirectional_two_panels": ("RNN", dict(direction="bidirectional", hidden=256, batch=1, initial=True)),
+    "RNN-reverse_layout1": ("RNN", dict(direction="reverse", layout=1, hidden=24, initial=True)),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYER_CASES))
+def test_layer_kernel_matches_onnxruntime(name):
+    """A layer the whole-layer kernel takes is one launch (both directions in it), on the recurrence rule,
+    and agrees with onnxruntime."""
+    op, kw = LAYER_CASES[name]
+    kw = dict(kw, seq=kw.get("seq", 7))
+    result = check_against_ort(recurrent_model(op, **kw))
+    layers = [k for k in result.report.kernels if k.get("rule") == "recurrence"]
+    assert len(layers) == 1 and layers[0]["launches"] == 1, [(k.get("rule"), k["ops"]) for k in result.report.kernels]
+
+
+def test_layer_kernel_reference_form_builds_with_tvm_alone():
+    """The converter's kernel is plain TIR: TVM's default pipeline builds the imported model as it is (what
+    ``verify`` compares against) and agrees with onnxruntime."""
+    from tests.helpers import run_reference
+
+    model = recurrent_model("LSTM", direction="bidirectional", hidden=40, batch=2, initial=True)
+    feeds = _inputs(model, None)
+    got = run_reference(import_onnx(model), [feeds["X"]])
+    for name, g, w in zip(OUTPUTS["LSTM"], got, onnxruntime_outputs(model, feeds)):
+        assert_close(g, w, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 # -- refusals --------------------------------------------------------------------------------------------

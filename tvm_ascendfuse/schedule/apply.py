@@ -53,17 +53,20 @@ from .matmul_int8 import Int8MatmulRule
 from .multi_gemm import MultiGemmRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
+from .recurrence import RecurrenceRule
 from .reduction import GemmNormRule, ReductionRule
 from .squeeze_excite import SqueezeExciteRule
 from .tuned import tuned_rules
 
-# Most specific first. The flash-decoding kernel (the graph pass's own, recognised by its blocks) before all.
-# Squeeze-excite (a spatial sum then two small products) before everything that takes
-# products; then products of a few rows and attention of a few query rows (a decode step: memory-bound,
-# whatever else the kernel holds). Attention (two products around a softmax) and several independent products
-# (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
-DEFAULT_RULES = (FlashDecodeRule, SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule, AttentionProjectionRule, AttentionRule,
-                 ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule, Int8Conv2dRule, Conv2dRule,
+# Most specific first. The kernels a converter or graph pass wrote themselves, recognised by their blocks or
+# tag, before all: a whole recurrent layer, the flash-decoding attention. Squeeze-excite (a spatial sum then two
+# small products) before everything that takes products; then products of a few rows and attention of a few
+# query rows (a decode step: memory-bound, whatever else the kernel holds). Attention (two products around a
+# softmax) and several independent products (SwiGLU) precede the single-GEMM rule, which would otherwise treat
+# one product as another's prologue.
+DEFAULT_RULES = (RecurrenceRule, FlashDecodeRule, SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule,
+                 AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule,
+                 Int8Conv2dRule, Conv2dRule,
                  GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 
