@@ -266,6 +266,9 @@ def test_group_shape_marks_a_reduction_beside_the_product():
     assert not after.sibling_reduction and predict_rule(after).name == "pool"
     before = group_shape("MECECE", [set(), {0}, {1}, {2}, {3}, {4}])     # a squeeze-excite's mean feeds its FCs
     assert not before.sibling_reduction and predict_rule(before).name == "squeeze-excite"
+    # a pool of a kernel input beside the conv (GoogLeNet's pool branch): the pool rule stages it from there
+    of_input = group_shape("CEEP", [set(), {0}, {1}, set()], outputs={2, 3})
+    assert not of_input.sibling_reduction and predict_rule(of_input).name == "pool"
 
 
 def _concat_conv_and_pool(channels=(16, 24), hw=17):
@@ -288,3 +291,4 @@ def test_a_pool_beside_a_conv_is_not_fused_with_it():
     assert not _mispredicted(result.report), rows
     assert all(k["rule"] != "fallback" for k in rows), rows
     assert {"conv2d", "pool"} <= {k["rule"] for k in rows}, rows
+

@@ -54,10 +54,12 @@ class GroupShape:
     chained: bool = False
     rows: int | None = None      # the most rows per batch item of its GEMMs; None: symbolic, or no GEMM
     batched: bool = False        # a GEMM of several batch items (heads) whose B differs
-    # a reduction (pool, plane mean, row reduction) that neither reads a product of the kernel nor feeds one:
-    # a sibling that only shares an input with it (Inception-v3's max-pool branch beside its strided 3x3 conv,
-    # both reading the block's concat). The rules that take a product and a reduction tile the reduction by
-    # the product's output (or the product by the reduction's); a sibling has no such tile
+    # a reduction (pool, plane mean, row reduction) that neither reads a product of the kernel nor feeds one,
+    # and reads a value computed in the kernel: a sibling of the product that shares a computed input with it
+    # (Inception-v3's max-pool branch beside its strided 3x3 conv, both reading the block's concat). The rules
+    # that take a product and a reduction tile the reduction by the product's output (or the product by the
+    # reduction's); such a sibling has no tile there. (A sibling pool of a kernel input, GoogLeNet's pool
+    # branch beside its merged 1x1 convs, is staged from that input by the pool rule.)
     sibling_reduction: bool = False
 
 
@@ -181,8 +183,8 @@ def group_shape(kinds, producers, outputs=(), rows=()) -> GroupShape:
         below[i] = up
     chained = len(products) > 1 and any(set(products) & below[i] for i in products)
     sibling = bool(products) and any(
-        k.upper() in REDUCTION_KINDS and not set(products) & below[i] and not any(i in below[p] for p in products)
-        for i, k in enumerate(kinds))
+        k.upper() in REDUCTION_KINDS and below[i] and not set(products) & below[i]
+        and not any(i in below[p] for p in products) for i, k in enumerate(kinds))
     gemm_rows = [r for k, r in zip(kinds, rows) if k == GEMM] if rows else [None]
     most = None if not gemm_rows or None in gemm_rows else max(r[0] for r in gemm_rows)
     batched = any(r is not None and r[1] > 1 for r in gemm_rows)
