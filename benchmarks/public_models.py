@@ -36,6 +36,7 @@ SEED = 0
 # the comment says the model is shrunk (then it keeps the architecture's ratios: GQA, head size, FFN width).
 
 IMAGE = 224          # torchvision classifiers' resolution
+INCEPTION_IMAGE = 299   # Inception-v3's resolution (its stride-2 stem and reduction blocks need 299²)
 GPT2 = dict(seq=128)                           # GPT-2 small (124M): transformers' GPT2Config() defaults
 LLAMA = dict(                                  # a LLaMA-style decoder, shrunk: 4 layers of a ~1B-class
     seq=256, hidden_size=1024,                 # model, GQA 16 query / 4 KV heads (head 64), SwiGLU 2816,
@@ -174,6 +175,21 @@ def _yolo(config: str):
                 return self.inner(x)[0]
 
         return Boxes(model).eval(), (torch.randn(1, 3, YOLO_IMAGE, YOLO_IMAGE),), ["images"]
+    return build
+
+
+def _timm(arch: str, image: int):
+    """A timm classifier (its own definition, random weights: ``pretrained=False`` downloads nothing)."""
+    def build():
+        torch = _torch()
+        try:
+            import timm
+        except ImportError as err:
+            raise SystemExit(f"the timm models need timm (pip install timm): {err}") from None
+        torch.manual_seed(SEED)
+        model = timm.create_model(arch, pretrained=False)
+        calibrate_batchnorm(model, (1, 3, image, image), torch)
+        return model.eval(), (torch.randn(1, 3, image, image),), ["input"]
     return build
 
 
@@ -337,6 +353,8 @@ MODELS: dict[str, PublicModel] = {m.name: m for m in [
     PublicModel("resnext50_32x4d", "cnn", "torchvision ResNeXt-50 32x4d, 224²", _vision("resnext50_32x4d")),
     PublicModel("shufflenet_v2_x1_0", "cnn", "torchvision ShuffleNetV2 x1.0, 224²", _vision("shufflenet_v2_x1_0")),
     PublicModel("yolov8n", "cnn", f"ultralytics YOLOv8n detector (80 classes), {YOLO_IMAGE}²", _yolo("yolov8n.yaml")),
+    PublicModel("inception_v3", "cnn", f"timm Inception-v3 (torchvision's network), {INCEPTION_IMAGE}²",
+                _timm("inception_v3", INCEPTION_IMAGE)),
     PublicModel("swin_t", "transformer", "torchvision Swin-T, 224²", _vision("swin_t")),
     PublicModel("vit_b_16", "transformer", "torchvision ViT-B/16, 224²", _vision("vit_b_16")),
     PublicModel("gpt2", "transformer", f"transformers GPT-2 small (default config), seq {GPT2['seq']}",

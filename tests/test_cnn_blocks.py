@@ -77,10 +77,13 @@ def test_dense_preactivation_in_conv_prologue():
 
 def test_inception_siblings_merged():
     """Per module the 1x1 branch and both reduce convs share the input: one conv for the three, so 4 kernels a
-    module (merged 1x1s, 3x3, 5x5, pool branch) and the final max-pool reading the concat where it is."""
+    module (merged 1x1s, 3x3, 5x5, pool branch) and the final max-pool reading the concat where it is. In the
+    second module the pool branch's max-pool reads the first module's concat beside the merged conv: a kernel
+    of its own (rule_specs' sibling_reduction: the pool rule takes a pool of the conv's output)."""
     result, _, _, rules = compiled("inception")
     assert result.report.get("ConvSiblingMergeFusionPass").effect_times == 2
-    assert sum(rules.values()) == 2 * 4 + 1, rules
+    assert sum(rules.values()) == 2 * 4 + 2, rules
+    assert all(k["rule"] != "fallback" for k in result.report.kernels)
 
 
 def patch_embed_model(channels=16, hw=32, patch=4, nhwc=True):

@@ -256,3 +256,40 @@ def test_second_outputs_are_predicted(shapes, body, kinds):
     rows = result.report.kernels
     assert [k["kinds"] for k in rows] == [kinds]
     assert not _mispredicted(result.report), rows
+
+
+# ---- a reduction beside a product (reading neither's result) --------------------------------------------------
+def test_group_shape_marks_a_reduction_beside_the_product():
+    # op 0 (concat) feeds a conv (1) and its epilogue (2, 3) and, beside them, a pool (4)
+    beside = group_shape("LCEEP", [set(), {0}, {1}, {2}, {0}], outputs={3, 4})
+    assert beside.sibling_reduction and predict_rule(beside) is FALLBACK
+    after = group_shape("LCEEP", [set(), {0}, {1}, {2}, {3}])
+    assert not after.sibling_reduction and predict_rule(after).name == "pool"
+    before = group_shape("MECECE", [set(), {0}, {1}, {2}, {3}, {4}])     # a squeeze-excite's mean feeds its FCs
+    assert not before.sibling_reduction and predict_rule(before).name == "squeeze-excite"
+    # a pool of a kernel input beside the conv (GoogLeNet's pool branch): the pool rule stages it from there
+    of_input = group_shape("CEEP", [set(), {0}, {1}, set()], outputs={2, 3})
+    assert not of_input.sibling_reduction and predict_rule(of_input).name == "pool"
+
+
+def _concat_conv_and_pool(channels=(16, 24), hw=17):
+    """Inception-v3's grid reduction (Mixed_6a): the block input, a concat, feeds a strided 3x3 conv + bias +
+    ReLU and, beside it, a strided 3x3 max-pool; their results are concatenated."""
+    def body(bb, a, b, w, bias):
+        x = bb.emit(op.concat([a, b], axis=1))
+        y = bb.emit(op.nn.relu(op.add(op.nn.conv2d(x, w, strides=2), bias)))
+        return bb.emit(op.concat([y, op.nn.max_pool2d(x, 3, 2)], axis=1))
+    c = sum(channels)
+    return [(1, channels[0], hw, hw), (1, channels[1], hw, hw), (32, c, 3, 3), (1, 32, 1, 1)], body
+
+
+def test_a_pool_beside_a_conv_is_not_fused_with_it():
+    """The pool rule takes a pool of the conv's output; a pool beside the conv fused with it fell to the
+    fallback rule (Inception-v3's Mixed_6a at 45 GFLOP/s, a quarter of the model). Each gets its own kernel,
+    the concat they share read by both."""
+    result = assert_same_numbers(_built(*_concat_conv_and_pool()))
+    rows = result.report.kernels
+    assert not _mispredicted(result.report), rows
+    assert all(k["rule"] != "fallback" for k in rows), rows
+    assert {"conv2d", "pool"} <= {k["rule"] for k in rows}, rows
+

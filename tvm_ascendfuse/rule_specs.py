@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .kinds import CONV, GEMM, MULTI_PRODUCT, PRODUCT
+from .kinds import CONV, GEMM, MULTI_PRODUCT, PLANE_POOL, POOL, PRODUCT, REDUCTION
 from .tiling import GEMV_MAX_ROWS
 
 GENERIC, STREAMING, ROWS, SPECIALISED = 0, 1, 2, 3
@@ -39,6 +39,7 @@ GENERIC, STREAMING, ROWS, SPECIALISED = 0, 1, 2, 3
 # kinds that count as products when asking whether a kernel's products feed one another (what the rules'
 # ``is_product_block`` sees: a grouped or depthwise conv is not one)
 PRODUCT_KINDS = frozenset(CONV + GEMM + PRODUCT + MULTI_PRODUCT)
+REDUCTION_KINDS = frozenset(POOL + PLANE_POOL + REDUCTION)   # reductions that are not products
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class GroupShape:
     chained: bool = False
     rows: int | None = None      # the most rows per batch item of its GEMMs; None: symbolic, or no GEMM
     batched: bool = False        # a GEMM of several batch items (heads) whose B differs
+    # a reduction (pool, plane mean, row reduction) that neither reads a product of the kernel nor feeds one,
+    # and reads a value computed in the kernel: a sibling of the product that shares a computed input with it
+    # (Inception-v3's max-pool branch beside its strided 3x3 conv, both reading the block's concat). The rules
+    # that take a product and a reduction tile the reduction by the product's output (or the product by the
+    # reduction's); such a sibling has no tile there. (A sibling pool of a kernel input, GoogLeNet's pool
+    # branch beside its merged 1x1 convs, is staged from that input by the pool rule.)
+    sibling_reduction: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,8 @@ class RuleSpec:
     """One rule's declaration. ``takes``: a regular expression the whole kind string must match;
     ``chained``: True = the products must feed one another, False = they must not, None = either;
     ``max_rows``: the GEMMs must have static rows per batch item, at most this many (None: any);
-    ``batched``: True = some GEMM has several batch items, False = none has, None = either."""
+    ``batched``: True = some GEMM has several batch items, False = none has, None = either;
+    ``siblings``: the rule takes a reduction beside the products (``GroupShape.sibling_reduction``)."""
 
     name: str
     takes: str
@@ -69,6 +78,7 @@ class RuleSpec:
     note: str = ""
     max_rows: int | None = None
     batched: bool | None = None
+    siblings: bool = False
     _regex: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -80,6 +90,8 @@ class RuleSpec:
         if self.max_rows is not None and (shape.rows is None or shape.rows > self.max_rows):
             return False
         if self.batched is not None and shape.batched != self.batched:
+            return False
+        if shape.sibling_reduction and not self.siblings:
             return False
         return self._regex.fullmatch(shape.kinds) is not None
 
@@ -137,7 +149,7 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
              note="reductions that are not products, sharing one row space, one output (norms, softmax, sums; "
                   "a grouped or depthwise conv, a pool, and what reduces their output)"),
     RuleSpec("elementwise", r"[ELel]*[EL]", STREAMING, note="injective chains, any number of outputs"),
-    RuleSpec("fallback", r".*", GENERIC, note="anything: parallel outer loops, vectorised inner loop"),
+    RuleSpec("fallback", r".*", GENERIC, siblings=True, note="anything: parallel outer loops, vectorised inner loop"),
 )
 
 FALLBACK = RULE_SPECS[-1]
@@ -167,16 +179,17 @@ def group_shape(kinds, producers, outputs=(), rows=()) -> GroupShape:
     last = len(kinds) - 1
     kinds = "".join(k.lower() if i in outputs and i != last else k for i, k in enumerate(kinds))
     products = [i for i, k in enumerate(kinds) if k.upper() in PRODUCT_KINDS]
-    chained = False
-    if len(products) > 1:
-        below: dict[int, set] = {}
-        for i in range(len(kinds)):             # program order: producers come first
-            up = set()
-            for p in producers[i]:
-                up |= {p} | below.get(p, set())
-            below[i] = up
-        chained = any(set(products) & below[i] for i in products)
+    below: dict[int, set] = {}                  # op -> the ops it reads, transitively
+    for i in range(len(kinds)):                 # program order: producers come first
+        up = set()
+        for p in producers[i]:
+            up |= {p} | below.get(p, set())
+        below[i] = up
+    chained = len(products) > 1 and any(set(products) & below[i] for i in products)
+    sibling = bool(products) and any(
+        k.upper() in REDUCTION_KINDS and below[i] and not set(products) & below[i]
+        and not any(i in below[p] for p in products) for i, k in enumerate(kinds))
     gemm_rows = [r for k, r in zip(kinds, rows) if k == GEMM] if rows else [None]
     most = None if not gemm_rows or None in gemm_rows else max(r[0] for r in gemm_rows)
     batched = any(r is not None and r[1] > 1 for r in gemm_rows)
-    return GroupShape(kinds, chained, most, batched)
+    return GroupShape(kinds, chained, most, batched, sibling)

@@ -23,6 +23,8 @@ def test_importing_the_set_needs_no_torch():
     assert {f"{n}_lm_{c}" for n in ("llama", "qwen2", "gpt2") for c in ("prefill128", "step")} <= set(pm.MODELS)
     assert pm.LLAMA["num_attention_heads"] % pm.LLAMA["num_key_value_heads"] == 0
     assert pm.KNOWN_TVM_FAILURES <= set(pm.MODELS)
+    # timm's Inception-v3 (issue 28's CNN set) at its own resolution
+    assert pm.MODELS["inception_v3"].family == "cnn" and pm.INCEPTION_IMAGE == 299
 
 
 def test_batchnorm_calibration_keeps_activations_at_unit_scale():

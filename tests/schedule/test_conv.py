@@ -44,6 +44,15 @@ def test_conv_bias_relu(name):
     assert "local.UB" in mod.script()
 
 
+def test_rows_the_block_does_not_divide_take_a_tail_free_block():
+    """27 output columns: two vectors x 9 columns (18 accumulators on AVX-512) instead of 2 x 8 and a
+    predicated 3-column tail; the numbers stay those of the unscheduled kernel."""
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    func = fused_kernel(conv_bias_relu(1, 1), [(1, 16, 9, 27), (32, 16, 3, 3), (1, 32, 1, 1)])
+    assert "ocr=2, owr=9" in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
+
+
 def test_portable_host():
     func = fused_kernel(conv_bias_relu(1, 1), [(1, 8, 9, 9), (16, 8, 3, 3), (1, 16, 1, 1)])
     check_rule(Conv2dRule(), func, host=HOST)
@@ -131,7 +140,7 @@ def test_accumulator_tile_transposed_through_shuffles(residual):
     assert "T.Shuffle" in rule.apply(func, NPU, avx512).mod.script()
     assert "T.Shuffle" not in Conv2dRule(plane_chunks=False, transpose=False).apply(func, NPU, avx512).mod.script()
     check_rule(rule, func, host=NATIVE)
-    for width in (12, 17):           # 6-column blocks; 8-column blocks with a predicated tail
+    for width in (12, 17, 37):       # 6-column blocks; one 17-column block; 8-column blocks with a predicated tail
         odd = fused_kernel(conv_bias_relu(1, 1), [(1, 8, 6, width), (64, 8, 3, 3), (1, 64, 1, 1)])
         check_rule(rule, odd, host=NATIVE)
     assert "T.Shuffle" not in rule.apply(odd, NPU, avx512).mod.script()

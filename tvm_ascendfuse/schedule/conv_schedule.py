@@ -126,7 +126,8 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
     the tile of the store transpose, which 1 x 14 and 1 x 16 miss). Measured on this host (one core,
     interleaved A/B) 15-40% faster than 2 x 8, 1 x 14 or 1 x 16 for 16..64 input channels on 56x56 and
     112x112 planes (MobileNet/EfficientNet expansions, ResNet-50 stage 1), ~5% for 256 channels, neutral
-    for strided ones; narrower vectors (24, 40 channels: no store transpose) keep the default."""
+    for strided ones; narrower vectors (24, 40 channels: no store transpose) keep the default.
+    Whichever block leaves a column tail gives way to one whose columns divide OW (``_tail_free_block``)."""
     lanes = hv.lanes(dtype)
     vl = 1
     while vl * 2 <= lanes and oc % (vl * 2) == 0:
@@ -152,11 +153,43 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
         ocr, owr = max(cands, key=lambda c: (c[1] * 2 >= acc, c[0] * c[1], c[0]))
     else:
         ocr, owr = cands[0]
+    if ow % owr:
+        # full vectors: one or two of them; narrower ones keep the count that covers the channels
+        ocr, owr = _tail_free_block(oc, ow, vl, acc, (1, 2) if vl == lanes else (ocr,)) or (ocr, owr)
     nbytes = dtype_bytes(dtype)
     copies = 2 if target.double_buffer else 1
     while owr > 1 and copies * target.align_up(ocr * vl * owr * nbytes) > target.ub_usable:
         owr //= 2
     return ConvTiles(vl, ocr, owr)
+
+
+# accumulators a register block without a column tail may hold beyond ``HostVector.accumulators``: with 32
+# zmm registers, 2 x 9 (18) still left the weight vectors and the broadcast in registers (measured fastest
+# at a width of 27), 2 x 13 (26) was slower than 1 x 13
+TAIL_FREE_EXTRA = 2
+
+
+def _tail_free_block(oc: int, ow: int, vl: int, acc: int, counts) -> tuple[int, int] | None:
+    """(ocr, owr) of a register block whose columns divide OW, for a row the chosen block would leave a
+    tail of (13, 17, 27, 35 and 55 columns: SqueezeNet, Inception), else None.
+
+    A tail puts every column of the unrolled block (its FMAs, its init and its store) under a condition on
+    the column: measured on a 2-core Zen 5 (one conv + bias + ReLU, interleaved) 1.5-2.4x
+    slower than a tail-free block, 3x3 and 1x1 alike (96->96 at 35 wide: 1 x 16 104 GFLOP/s, 2 x 7 253;
+    32->128 at 27: 2 x 8 127, 2 x 9 239; 256->64 1x1 at 13: 1 x 8 46, 1 x 13 91). Blocks of ``counts``
+    vectors, at least half the accumulators busy and at most ``TAIL_FREE_EXTRA`` more than them; the most
+    accumulators, then more vectors."""
+    best = None
+    for ocr in counts:
+        if oc % (ocr * vl):
+            continue
+        for owr in range(1, ow + 1):
+            used = ocr * owr
+            if ow % owr or used * 2 < acc or used > acc + TAIL_FREE_EXTRA:
+                continue
+            if best is None or (used, ocr) > (best[0] * best[1], best[0]):
+                best = (ocr, owr)
+    return best
 
 
 @dataclass(frozen=True)
