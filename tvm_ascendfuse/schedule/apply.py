@@ -50,6 +50,7 @@ from .indices import simplify_indices
 from .matmul import MatmulRule
 from .matmul_int8 import Int8MatmulRule
 from .multi_gemm import MultiGemmRule
+from .padded_conv import PaddedConv2dRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
 from .reduction import GemmNormRule, ReductionRule
@@ -61,7 +62,8 @@ from .tuned import tuned_rules
 # whatever else the kernel holds). Attention (two products around a softmax) and several independent products
 # (SwiGLU) precede the single-GEMM rule, which would otherwise treat one product as another's prologue.
 DEFAULT_RULES = (SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule, AttentionProjectionRule, AttentionRule,
-                 ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule, Int8Conv2dRule, Conv2dRule,
+                 ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule, Int8Conv2dRule, PaddedConv2dRule,
+                 Conv2dRule,
                  GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 

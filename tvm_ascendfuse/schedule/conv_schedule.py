@@ -445,6 +445,12 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
     return sch
 
 
+def pixel_vector_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dims, hv: HostVector):
+    """Whether (and how) this schedule would run the pointwise conv on pixel vectors; for the rules that
+    choose between it and their own form of the conv (``_pixel_vector_plan``)."""
+    return _pixel_vector_plan(opts, sch, conv, info, pro, out_dims, hv)
+
+
 def _pixel_vector_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dims, hv: HostVector):
     """(output channels, pixel vectors) of the register block when a pointwise conv runs on pixel vectors,
     else None.
