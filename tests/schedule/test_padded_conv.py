@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax import op
 
 from tests.helpers import assert_close, compile_ours, random_inputs, run_reference, run_vm, tol
@@ -57,6 +57,14 @@ def test_padded_channels_compute_the_unscheduled_numbers(xs, ws, stride, act, re
     assert len(weight) == 1
     shape = [int(d) for d in weight[0].ty.shape]
     assert shape[1:4] == list(ws[1:]) and shape[4] % lanes == 0 and shape[0] * shape[4] == padded
+
+
+def test_float16_and_symbolic_batch():
+    """fp16 (32 lanes on AVX-512: 116 padded to 128) and a batch known only at run time."""
+    check_rule(PaddedConv2dRule(), kernel((1, 58, 10, 10), (116, 58, 1, 1), dtype="float16"), host=NATIVE)
+    n = tirx.Var("n", "int64")
+    func = fused_kernel(conv_block(), [(n, 58, 9, 9), (58, 58, 1, 1), (1, 58, 1, 1)])
+    check_rule(PaddedConv2dRule(), func.with_attr("layout_free_buffers", [1]), host=NATIVE, sizes={"n": 2})
 
 
 def test_conv_without_epilogue():
