@@ -145,3 +145,16 @@ def test_pipeline_takes_the_padded_rule_and_agrees():
         assert_close(run_vm(result.executable, inputs), ref, **tol("float32"))
         rules = [k["rule"] for k in result.report.kernels]
         assert "conv2d-padded" in rules, (portable, rules)
+
+
+def test_declines_a_prologue_that_is_also_an_output():
+    """ShuffleNetV2's channel shuffle in front of a conv, also an output of the kernel (the other branch
+    reads it): its blocks cannot be inlined into the conv's input (on ShuffleNetV2's own kernels the conv2d
+    schedule raises there), so the rule declines."""
+    def build(x, w, b):
+        shuffled = op.permute_dims(op.reshape(x, (1, 2, 29, 6, 6)), [0, 2, 1, 3, 4])
+        flat = op.reshape(shuffled, (1, 58, 6, 6))
+        return relax.Tuple([flat, op.nn.relu(op.add(op.nn.conv2d(flat, w), b))])
+
+    func = fused_kernel(build, [(1, 58, 6, 6), (58, 58, 1, 1), (1, 58, 1, 1)]).with_attr("layout_free_buffers", [1])
+    assert PaddedConv2dRule().apply(func, NPU, NATIVE) is None
