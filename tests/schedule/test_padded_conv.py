@@ -13,6 +13,7 @@ from tvm.relax import op
 
 from tests.helpers import assert_close, compile_ours, random_inputs, run_reference, run_vm, tol
 from tests.schedule.kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
+from tvm_ascendfuse.schedule.conv import Conv2dRule
 from tvm_ascendfuse.schedule.channel_pad import pad_conv_output_channels
 from tvm_ascendfuse.schedule.fast_math import use_fast_math
 from tvm_ascendfuse.schedule.hostvec import host_vector
@@ -147,14 +148,15 @@ def test_pipeline_takes_the_padded_rule_and_agrees():
         assert "conv2d-padded" in rules, (portable, rules)
 
 
-def test_declines_a_prologue_that_is_also_an_output():
-    """ShuffleNetV2's channel shuffle in front of a conv, also an output of the kernel (the other branch
-    reads it): its blocks cannot be inlined into the conv's input (on ShuffleNetV2's own kernels the conv2d
-    schedule raises there), so the rule declines."""
-    def build(x, w, b):
-        shuffled = op.permute_dims(op.reshape(x, (1, 2, 29, 6, 6)), [0, 2, 1, 3, 4])
-        flat = op.reshape(shuffled, (1, 58, 6, 6))
-        return relax.Tuple([flat, op.nn.relu(op.add(op.nn.conv2d(flat, w), b))])
+@pytest.mark.parametrize("rule", [PaddedConv2dRule, Conv2dRule])
+def test_channel_shuffle_prologue_that_is_also_an_output(rule):
+    """ShuffleNetV2's concat + channel shuffle in front of a conv, also an output of the kernel (the next unit
+    reads it): the conv2d schedule kept it at the root instead of raising on moving it into its parallel
+    loop (the kernel went to the fallback rule); both outputs equal the unscheduled kernel's."""
+    def build(x, y, w, b):
+        shuffled = op.permute_dims(op.reshape(op.concat([x, y], axis=1), (1, 2, 58, 14, 14)), [0, 2, 1, 3, 4])
+        conv = op.nn.conv2d(op.reshape(shuffled, (1, 116, 14, 14)), w)
+        return relax.Tuple([shuffled, op.nn.relu(op.add(conv, b))])
 
-    func = fused_kernel(build, [(1, 58, 6, 6), (58, 58, 1, 1), (1, 58, 1, 1)]).with_attr("layout_free_buffers", [1])
-    assert PaddedConv2dRule().apply(func, NPU, NATIVE) is None
+    func = fused_kernel(build, [(1, 58, 14, 14), (1, 58, 14, 14), (116, 116, 1, 1), (1, 116, 1, 1)])
+    check_rule(rule(), func.with_attr("layout_free_buffers", [2]), host=NATIVE)

@@ -43,7 +43,8 @@ from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import LOAD, ConvBlock, match_conv2d, strip_cast
 from .base import UB_SCOPE
-from .common import as_target, extent, ok, parallel_vector, still_exists, tile_local, try_, vectorize_inner
+from .common import (as_target, extent, is_output_block, ok, parallel_vector, still_exists, tile_local, try_,
+                     vectorize_inner)
 from .hostvec import HostVector
 from .layout import mark_prepack, packable_param
 from .transpose import out_transpose_intrin, transpose_intrin, transpose_load, transpose_store, transpose_to_nchw
@@ -333,7 +334,10 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         rci, rows = plane
     blocks_of_rows, fits = None, None
     pads_left = [b for b in pro if still_exists(sch, b)]
-    if opts.pad_in_task and icb is None and rci is None and len(pads_left) == 1 and oh is not None:
+    # (a prologue that is also a kernel output, e.g. ShuffleNetV2's channel shuffle, cannot move into the
+    # parallel loop: it stays at the root)
+    if opts.pad_in_task and icb is None and rci is None and len(pads_left) == 1 and oh is not None \
+            and not is_output_block(sch, pads_left[0]):
         fits = _padded_rows_fit(sch, pads_left[0], oh, info, as_target(target))
         blocks_of_rows = opts.row_blocks if opts.row_blocks and oh % opts.row_blocks == 0 \
             else _row_blocks(oh, hv.cores, fits)

@@ -22,7 +22,7 @@ from ..target import AscendTarget
 from .analysis import has_reduce, match_conv2d
 from .base import ScheduleRule
 from .channel_pad import WEIGHT_PAD_BLOCK, pad_conv_output_channels, padded_channels
-from .common import as_target, extent, is_output_block, root_blocks
+from .common import as_target, extent, root_blocks
 from .conv_schedule import ConvOptions, choose_conv_tiles, pixel_vector_plan, schedule_conv2d
 from .fast_math import use_fast_math
 from .hostvec import host_vector
@@ -53,8 +53,6 @@ class PaddedConv2dRule(ScheduleRule):
             return None         # already a full vector's worth of channels per broadcast pixel
         blocks = list(root_blocks(sch))
         ci = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(block)))
-        if any(is_output_block(sch, b) for b in blocks[:ci]):
-            return None         # a prologue that is also a kernel output (a channel shuffle's): not inlinable
         if pixel_vector_plan(ConvOptions(), sch, block, info, blocks[:ci], (oc, extent(sch, loops[2]), ow),
                              hv) is not None:
             return None         # pixels on the lanes: the channel count does not matter there
