@@ -1,7 +1,7 @@
 """PaddedConv2dRule: a conv whose output channels no full vector divides (ShuffleNetV2's 116 and 58, 232,
-MNASNet's 40) computes them padded to the host's vector width with the padded lanes never stored; numbers
-equal to the unscheduled kernel, on AVX-512, AVX2 and the portable x86-64 host; declined where the conv2d
-rule's own register block already fills a vector (multiples of 16 or of 8 in blocks of three)."""
+MNASNet's 40, 24/72/120) computes them padded to the host's vector width with the padded lanes never stored;
+numbers equal to the unscheduled kernel, on AVX-512, AVX2 and the portable x86-64 host; declined where
+padding saves no vector FMA (a full vector divides the channels, or 8 channels on 16 lanes)."""
 
 from __future__ import annotations
 
@@ -91,12 +91,19 @@ def test_other_vector_widths(host, xs, ws):
 
 @pytest.mark.parametrize("host,oc", [
     (NATIVE, 64),   # a full vector divides the channels: the conv2d rule
-    (NATIVE, 24),   # three 8-lane vectors per broadcast pixel already
-    (NATIVE, 72),
+    (NATIVE, 8),    # one vector of 8 lanes or one of 16: no fewer FMAs padded
     (HOST, 116),    # 4 lanes divide 116
 ])
-def test_declines_where_the_conv2d_rule_fills_a_vector(host, oc):
+def test_declines_where_padding_saves_no_vector_fma(host, oc):
     check_rule(PaddedConv2dRule(), kernel((1, 16, 14, 14), (oc, 16, 1, 1)), host=host, expect=False)
+
+
+@pytest.mark.parametrize("xs,ws,stride", [
+    ((1, 40, 28, 28), (24, 40, 1, 1), 1),       # three 8-lane vectors unpadded, two full ones padded
+    ((1, 72, 14, 14), (120, 72, 3, 3), 2),      # 15 of 8 lanes -> 8 of 16
+])
+def test_multiples_of_8_are_padded_to_full_vectors(xs, ws, stride):
+    check_rule(PaddedConv2dRule(), kernel(xs, ws, stride), host=NATIVE)
 
 
 def test_declines_a_pointwise_conv_on_pixel_vectors():

@@ -7,10 +7,12 @@ This rule pads the conv's output channels to the next multiple of the full vecto
 weight rows, packed into the constant weight at compile time; the padded lanes are never stored) and
 schedules it with the conv2d schedule (``conv_schedule.py``) on full vectors.
 
-Applies where that pays: the conv2d rule's own register block holds fewer output channels than one full
-vector (a multiple of 8 channels such as 24, 72 or 120 already fills three 8-lane vectors per broadcast
-and keeps the conv2d rule), and not where a pointwise conv runs on pixel vectors (its channels are not on
-the lanes). The epilogue runs on the accumulator's first OC channels, per output tile.
+Applies where that pays: where it takes fewer vector FMAs per broadcast input pixel than the conv2d
+rule's vectors of the widest power of two dividing OC (116 channels: 8 full vectors instead of 29 of 4
+lanes; 24: 2 instead of 3 of 8 lanes, an 8-lane FMA issuing at the rate of a 16-lane one on AVX-512;
+not 8 channels: one vector either way), and not where a pointwise conv runs on pixel vectors (its
+channels are not on the lanes). The epilogue runs after the conv's tiles on the accumulator's first OC
+channels (per tile, with the channel predicate the padding needs, it measured slower).
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ class PaddedConv2dRule(ScheduleRule):
         lanes = hv.lanes(info.out_dtype)
         if oc is None or ow is None or oc % lanes == 0:
             return None
-        tiles = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target))
-        if tiles.ocb >= lanes:
-            return None         # already a full vector's worth of channels per broadcast pixel
+        vl = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target)).vl
+        if padded_channels(oc, lanes) // lanes >= oc // vl:
+            return None         # no fewer vector FMAs per broadcast input pixel (8 channels on 16 lanes)
         blocks = list(root_blocks(sch))
         ci = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(block)))
         if pixel_vector_plan(ConvOptions(), sch, block, info, blocks[:ci], (oc, extent(sch, loops[2]), ow),
