@@ -50,6 +50,8 @@ class PaddedConv2dRule(ScheduleRule):
         lanes = hv.lanes(info.out_dtype)
         if oc is None or ow is None or oc % lanes == 0:
             return None
+        if not str(info.out_dtype).startswith("float"):
+            return None         # an integer conv (int8 x int8 -> int32) is the int8 rule's or the conv2d rule's
         vl = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target)).vl
         if padded_channels(oc, lanes) // lanes >= oc // vl:
             return None         # no fewer vector FMAs per broadcast input pixel (8 channels on 16 lanes)
