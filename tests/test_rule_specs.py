@@ -194,8 +194,10 @@ def _mispredicted(report) -> list:
 def test_the_cases_cover_every_rule():
     seen = set().union(*({k["rule"] for k in _compiled(name).report.kernels} for name in CASES))
     # (the int8 rules' kernels come from quantized models: tests/schedule/test_matmul_int8.py, test_conv_int8.py;
-    # the recurrence rule's from the recurrent converters: tests/test_onnx_recurrent.py)
-    assert {s.name for s in RULE_SPECS} - {"fallback", "matmul_int8", "conv2d_int8", "recurrence"} <= seen, seen
+    # the recurrence rule's from the recurrent converters: tests/test_onnx_recurrent.py; the padded conv's from
+    # channel counts no full vector divides, which depend on the host: test_padded_conv.py)
+    assert {s.name for s in RULE_SPECS} - {"fallback", "matmul_int8", "conv2d_int8", "recurrence",
+                                           "conv2d-padded"} <= seen, seen
     assert np.all([k["rule"] != "fallback" for name in CASES for k in _compiled(name).report.kernels])
 
 

@@ -135,6 +135,9 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
                   "slices of a merged sibling projection)"),
     RuleSpec("conv2d_int8", r"(?!)", SPECIALISED, note="one int8 conv2d (u8 x s8 -> s32) + epilogue; predicted "
              "as conv2d"),
+    RuleSpec("conv2d-padded", r"(?!)", SPECIALISED, note="one conv2d whose output channels no full vector "
+             "divides, computed with them padded to the vector width (the padded lanes never stored); predicted "
+             "as conv2d"),
     RuleSpec("conv2d", r"[ELel]*C[ELel]*", SPECIALISED, note="one conv2d (groups=1), injective prologue/epilogue"),
     RuleSpec("grouped-conv2d", r"[ELel]*Q([ELel]*|[ELel]*[el]M[EL]*)", SPECIALISED,
              note="one grouped conv2d + injective epilogue, and the global pool of its output (an SE's mean)"),

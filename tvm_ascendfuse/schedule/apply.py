@@ -51,6 +51,7 @@ from .indices import simplify_indices
 from .matmul import MatmulRule
 from .matmul_int8 import Int8MatmulRule
 from .multi_gemm import MultiGemmRule
+from .padded_conv import PaddedConv2dRule
 from .prepack import PrepackConstantWeights
 from .pool import PoolRule
 from .recurrence import RecurrenceRule
@@ -66,7 +67,7 @@ from .tuned import tuned_rules
 # one product as another's prologue.
 DEFAULT_RULES = (RecurrenceRule, FlashDecodeRule, SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule,
                  AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule,
-                 Int8Conv2dRule, Conv2dRule,
+                 Int8Conv2dRule, PaddedConv2dRule, Conv2dRule,
                  GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
 

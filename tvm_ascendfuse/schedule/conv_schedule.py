@@ -43,7 +43,8 @@ from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import LOAD, ConvBlock, match_conv2d, strip_cast
 from .base import UB_SCOPE
-from .common import (as_target, extent, ok, parallel_vector, still_exists, tile_local, try_, unwritten_output,
+from .common import (as_target, extent, is_output_block, ok, parallel_vector, still_exists, tile_local, try_,
+                     unwritten_output,
                      vectorize_inner)
 from .hostvec import HostVector
 from .layout import mark_prepack, packable_param
@@ -368,7 +369,10 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         rci, rows = plane
     blocks_of_rows, fits = None, None
     pads_left = [b for b in pro if still_exists(sch, b)]
-    if opts.pad_in_task and icb is None and rci is None and len(pads_left) == 1 and oh is not None:
+    # (a prologue that is also a kernel output, e.g. ShuffleNetV2's channel shuffle, cannot move into the
+    # parallel loop: it stays at the root)
+    if opts.pad_in_task and icb is None and rci is None and len(pads_left) == 1 and oh is not None \
+            and not is_output_block(sch, pads_left[0]):
         fits = _padded_rows_fit(sch, pads_left[0], oh, info, as_target(target))
         blocks_of_rows = opts.row_blocks if opts.row_blocks and oh % opts.row_blocks == 0 \
             else _row_blocks(oh, hv.cores, fits)
@@ -490,6 +494,12 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
     rows_note = f" row_blocks={blocks_of_rows}" if chosen.row_blocks != default.row_blocks else ""
     sch.annotate(conv, "ascendfuse.schedule", f"{'packed ' if packed else ''}{t}{rows_note}{lane_note}")
     return sch
+
+
+def pixel_vector_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dims, hv: HostVector):
+    """Whether (and how) this schedule would run the pointwise conv on pixel vectors; for the rules that
+    choose between it and their own form of the conv (``_pixel_vector_plan``)."""
+    return _pixel_vector_plan(opts, sch, conv, info, pro, out_dims, hv)
 
 
 def _pixel_vector_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dims, hv: HostVector):
