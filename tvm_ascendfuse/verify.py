@@ -300,14 +300,6 @@ def _kernel_calls(mod: tvm.IRModule, func: str = "main") -> list[tuple[str, list
     return calls
 
 
-def _np_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(name)
-
-
 class _Capture:
     """VM instrument: after each kernel call (``calls``: the build's call_tir list, in order), copies of its
     arguments, inputs then outputs; constant inputs (weights) are not copied."""
@@ -326,7 +318,9 @@ class _Capture:
             inputs = {a.data_ptr() for a in args[:len(args) - n_out] if hasattr(a, "data_ptr")}
             for a in args[len(args) - n_out:]:
                 if hasattr(a, "copyfrom") and str(a.dtype).startswith("float") and a.data_ptr() not in inputs:
-                    a.copyfrom(np.full(tuple(a.shape), np.nan, dtype=_np_dtype(str(a.dtype))))
+                    poison = a.numpy()          # the tensor's own numpy dtype (bfloat16 included)
+                    poison[...] = np.nan
+                    a.copyfrom(poison)
             return NO_OP
         if not before_run and symbol in self.names:
             i = len(self.calls)

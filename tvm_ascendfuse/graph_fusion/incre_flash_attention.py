@@ -59,17 +59,24 @@ class IncreFlashAttentionFusionPass(GraphRewritePass):
     switch_name = NAME
 
     def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
-        # the kernels are added to the module by a BlockBuilder over it (call_te), then the functions rewritten
-        self._bb = relax.BlockBuilder(mod)
+        # the kernels are added by a BlockBuilder over the module (call_te), made only once a candidate matches:
+        # most models have none, and the pass runs on every build
+        self._mod, self._bb = mod, None
         out = super().transform_module(mod)
-        added = {gv: f for gv, f in self._bb.get().functions.items()
-                 if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in {g.name_hint for g in out.functions}}
-        if not added or out.same_as(mod):
+        if self._bb is None or out.same_as(mod):
             return out
+        names = {g.name_hint for g in out.functions}
+        added = {gv: f for gv, f in self._bb.get().functions.items()
+                 if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in names}
         out = tvm.IRModule(dict(out.functions), attrs=out.attrs)
         for gv, f in added.items():
             out[gv] = f
-        return relax.transform.DeadCodeElimination()(out)
+        return relax.transform.DeadCodeElimination()(out)     # kernels of candidates a check refused
+
+    def _builder(self) -> relax.BlockBuilder:
+        if self._bb is None:
+            self._bb = relax.BlockBuilder(self._mod)
+        return self._bb
 
     def match(self, var, graph):
         o = graph.value(var)
@@ -165,7 +172,7 @@ class IncreFlashAttentionFusionPass(GraphRewritePass):
                     not all((_static(d) and int(d) == 1) or _same(d, s) for d, s in zip(md[::-1], xd[::-1])):
                 raise Refusal(failed="a mask that does not broadcast over the scores", internal=internal)
         kernel = functools.partial(flash_decode, chain=tuple(chain[::-1]), space=space)
-        value = self._bb.call_te(kernel, q, k, v, *operands, primfunc_name_hint="incre_flash_attention")
+        value = self._builder().call_te(kernel, q, k, v, *operands, primfunc_name_hint="incre_flash_attention")
         return Rewrite(var, value, internal, {"rows": rows, "heads": int(qd[1]), "chain": [c[0] for c in chain[::-1]],
                                                "stacked_heads": space.group})
 
