@@ -313,6 +313,14 @@ class FusionModel:
             wset = set(windowed)
             if any(reachable(nodes, [m], mset, "users") & wset for m in windowed):
                 return "a spatial reduction (pool) feeds another in the group"
+        int8_cubes = [c for c in cubes if nodes[c].int8_cube]
+        if int8_cubes and any(not nodes[m].cube and nodes[m].pattern in (REDUCE, OUT_EWISE)
+                              for m in reachable(nodes, int8_cubes, mset, "users")):
+            # the int8 kernels keep their accumulator tile in registers and finish it with an injective
+            # epilogue; a reduction behind one (a LayerNorm pattern's too, the next dynamic quantize's
+            # min/max, a global pool) would put the whole kernel on a generic row rule that reads the bytes
+            # unpacked, slower than the int8 kernel and the reduction apart
+            return "reduction after an int8 cube op"
         if cubes and reds:
             after_cube = reachable(nodes, cubes, mset, "users")
             limit = self.target.l0c_bytes // (self.target.cube_m * 4)
