@@ -60,10 +60,10 @@ def test_matmul_integer_becomes_int8_gemm_and_matches_onnxruntime(tmp_path, batc
         == ["matmul_int8"] * 2
 
 
-def test_off_by_default(tmp_path):
+def test_on_by_default(tmp_path):
     result = compile_ours(import_onnx(_mlp(tmp_path)), portable=False)
     rec = result.report.get(P.switch_name)
-    assert rec.match_times == 2 and rec.effect_times == 0
+    assert rec.match_times == 2 and rec.effect_times == 2
 
 
 def test_switched_off_keeps_the_int32_matmul(tmp_path):
