@@ -49,7 +49,8 @@ def test_shapes_the_tile_does_not_divide_go_to_the_generic_rule():
     assert cos >= 0.999
 
 
-def test_gemm_without_epilogue_accumulates_in_its_output():
+@pytest.mark.parametrize("portable", [False, True], ids=["host", "portable"])
+def test_gemm_without_epilogue_accumulates_in_its_output(portable):
     """A bare u8 x s8 -> s32 GEMM (ORT's MatMulInteger whose zero-point correction went to the consumers, e.g.
     merged Q/K/V siblings): the int8 rule takes it, and the integers are exact."""
     from tvm import relax
@@ -62,7 +63,7 @@ def test_gemm_without_epilogue_accumulates_in_its_output():
         with bb.dataflow():
             out = bb.emit_output(relax.op.matmul(x, relax.const(w), out_dtype="int32"))
         bb.emit_func_output(out)
-    result = compile_ours(bb.get(), portable=False)
+    result = compile_ours(bb.get(), portable=portable)
     assert _rules(result) == {"matmul_int8"}
     xv = rng.integers(0, 256, (1, 24, 64)).astype("uint8")
     np.testing.assert_array_equal(run_vm(result.executable, [xv]), xv.astype("int64") @ w.astype("int64"))
