@@ -161,7 +161,8 @@ def _warm_compile(which: str) -> None:
         af.compile_model(warm, target=TARGET, portable=False)
 
 
-def worker_compile(which: str, onnx_path: str, workdir: str, precision_mode: str | None = None) -> dict:
+def worker_compile(which: str, onnx_path: str, workdir: str, precision_mode: str | None = None,
+                   fusion_switch: str | None = None) -> dict:
     import tvm
     from tvm import relax
 
@@ -189,7 +190,8 @@ def worker_compile(which: str, onnx_path: str, workdir: str, precision_mode: str
 
         out["jobs"] = default_jobs(host)
         t = time.perf_counter()
-        res = af.compile_model(mod, target=TARGET, portable=False, precision_mode=precision_mode)
+        res = af.compile_model(mod, target=TARGET, portable=False, precision_mode=precision_mode,
+                               switches=fusion_switch)
         out["compile_s"] = time.perf_counter() - t
         ex = res.executable
         out["kernels"] = launch_count(res.fused_module)
@@ -390,6 +392,7 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--skip", default="")
     ap.add_argument("--precision-mode", default=None)
+    ap.add_argument("--fusion-switch", default=None)
     a = ap.parse_args(argv)
     if a.worker == "run":
         worker_run(a.which, a.onnx, a.lib, a.workdir, a.seed, a.int_high)
@@ -399,7 +402,7 @@ def worker_main(argv: list[str]) -> int:
         return 0
     try:
         if a.worker == "compile":
-            res = worker_compile(a.which, a.onnx, a.workdir, a.precision_mode)
+            res = worker_compile(a.which, a.onnx, a.workdir, a.precision_mode, a.fusion_switch)
         elif a.worker == "same_ops":
             res = worker_same_ops(a.onnx, a.captured, a.seed, a.int_high, a.runs)
         else:
@@ -619,7 +622,9 @@ def _benchmark(row: dict, path: Path, workdir: Path, opts) -> None:
             log(f"[{row['model']}] compile {which} (round {r + 1}) ...")
             timeout = opts.compile_timeout if which == "ours" else opts.default_compile_timeout
             mode = opts.precision_mode if which == "ours" else None
-            comp[which].append(run_job("compile", path, workdir, timeout, which=which, precision_mode=mode))
+            switch = opts.fusion_switch if which == "ours" else None
+            comp[which].append(run_job("compile", path, workdir, timeout, which=which, precision_mode=mode,
+                                       fusion_switch=switch))
     for which in ("default", "ours"):
         runs = comp[which]
         ok = [c for c in runs if c.get("compile_s")]
@@ -994,6 +999,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=1e-3, help="agreement: max|ours - ORT| / max|ORT| below this")
     ap.add_argument("--precision-mode", default=None,
                     help="our build's precision mode (CANN's names, e.g. force_fp16); ORT runs the model as it is")
+    ap.add_argument("--fusion-switch", default=None, type=lambda p: str(Path(p).resolve()),
+                    help="our build's fusion switch file (CANN's --fusion_switch_file forms, switches.py)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True,
                     help="measure the host's memory bandwidth (a copy) and note the rate each model reads its "

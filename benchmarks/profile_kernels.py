@@ -339,13 +339,14 @@ def same_ops_rows(model, inputs, executable, info: dict[str, dict], kernels: lis
 
 
 def profile_model(model, label: str, target: str = "ascend910b", rounds: int = 5, seed: int = 0, log=print,
-                  ort_ops: bool = False, same_ops: bool = False, int_high: int | None = None):
+                  ort_ops: bool = False, same_ops: bool = False, int_high: int | None = None, switches=None):
     """Compile one ONNX model, time it whole (ours vs ORT interleaved) and per kernel. ``same_ops``: True for
-    ORT's time of the ops of each generic-rule kernel, "all" for every kernel's."""
+    ORT's time of the ops of each generic-rule kernel, "all" for every kernel's. ``switches``: the fusion
+    switches of our build (a switch file's path or anything ``compile_model`` takes)."""
     inputs = model_inputs(model, seed, int_high)
     log(f"[{label}] compiling ...")
     t = time.perf_counter()
-    res = af.compile_model(import_onnx(model), target=target, portable=False)
+    res = af.compile_model(import_onnx(model), target=target, portable=False, switches=switches)
     compile_s = time.perf_counter() - t
     info = static_kernel_info(res)
 
@@ -478,6 +479,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the table to this file")
     ap.add_argument("--ort-ops", action="store_true",
                     help="also profile onnxruntime per node and compare per conv shape class")
+    ap.add_argument("--fusion-switch", default=None,
+                    help="our build's fusion switch file (CANN's --fusion_switch_file forms, switches.py)")
     args = ap.parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     try:
@@ -494,7 +497,7 @@ def main(argv=None) -> int:
     for label, make in jobs:
         prof = profile_model(make(), label, args.target, args.rounds, log=log, ort_ops=args.ort_ops,
                              same_ops="all" if args.ort_same_ops and args.same_ops_all else args.ort_same_ops,
-                             int_high=args.int_high)
+                             int_high=args.int_high, switches=args.fusion_switch)
         text.append(format_profile(prof, args.top or None))
         print(text[-1], flush=True)
     print("CPU wall-clock ms on the host (min over samples), not NPU times; each kernel timed alone and warm.")

@@ -99,13 +99,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(MATMUL_QUANT, GRAPH_FUSION,
                "matmul/Gemm of a dequantized int8/uint8 activation and a dequantized int8 constant weight -> "
                "int8 GEMM with int32 accumulation, zero-point correction and scale as its epilogue"),
-    # off by default: on BERT-base the grouping fuses most of these GEMMs with a row reduction (LayerNorm, the
-    # next DynamicQuantizeLinear's max/min), which only the generic GEMM+norm rule schedules, slower on uint8 x
-    # int8 than on the importer's int32 form (measured 220 vs 121 ms a call)
     SwitchInfo(DYNAMIC_QUANT_MATMUL, GRAPH_FUSION,
                "MatMulInteger of a dynamically quantized uint8 activation and an int8 constant weight (ORT "
-               "quantize_dynamic) -> int8 GEMM with the run-time zero point's correction as its epilogue",
-               default_on=False),
+               "quantize_dynamic) -> int8 GEMM with the run-time zero point's correction as its epilogue"),
     SwitchInfo(CONCAT_IDENTITY, GRAPH_FUSION, "a concat of one tensor is that tensor"),
     SwitchInfo(IDENTITY_COPY, GRAPH_FUSION,
                "a kernel call that copies its one input unchanged (a pad by zero) is that input"),

@@ -47,3 +47,23 @@ def test_shapes_the_tile_does_not_divide_go_to_the_generic_rule():
     assert "matmul_int8" not in _rules(result)
     cos, _ = agreement(run_vm(result.executable, inputs), run_ort(model, inputs))
     assert cos >= 0.999
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["host", "portable"])
+def test_gemm_without_epilogue_accumulates_in_its_output(portable):
+    """A bare u8 x s8 -> s32 GEMM (ORT's MatMulInteger whose zero-point correction went to the consumers, e.g.
+    merged Q/K/V siblings): the int8 rule takes it, and the integers are exact."""
+    from tvm import relax
+
+    rng = np.random.default_rng(3)
+    w = rng.integers(-128, 128, (64, 96)).astype("int8")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 24, 64), "uint8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.const(w), out_dtype="int32"))
+        bb.emit_func_output(out)
+    result = compile_ours(bb.get(), portable=portable)
+    assert _rules(result) == {"matmul_int8"}
+    xv = rng.integers(0, 256, (1, 24, 64)).astype("uint8")
+    np.testing.assert_array_equal(run_vm(result.executable, [xv]), xv.astype("int64") @ w.astype("int64"))

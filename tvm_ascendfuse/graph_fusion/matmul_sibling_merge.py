@@ -231,6 +231,11 @@ class MatMulSiblingMergeFusionPass(FusionPass):
         wdt = {s.weight_dtype for s in sibs}
         if len(wdt) != 1:
             return f"weights have different dtypes {sorted(wdt)}"
+        if wdt & {"int8", "uint8"}:
+            # each int8 GEMM's dequantizing epilogue (zero-point correction, scale, bias) fuses into its own
+            # int8 kernel; after a merge it would sit behind the slices, where only the consumer (an
+            # attention, which then takes it as a compute prologue off its fast rule) could take it
+            return "int8 weights: each GEMM keeps its dequantizing epilogue"
         odt = {str(s.root.ty.dtype) for s in sibs}
         if len(odt) != 1:
             return f"outputs have different dtypes {sorted(odt)}"

@@ -48,6 +48,7 @@ class Node:
     out_elems: int = 1
     out_dtype: int = 4
     cube: bool = False
+    int8_cube: bool = False                            # a cube op on 8-bit integer operands (int32 accumulator)
     row: int = 0                                       # reduction row (elements) of a vector reduction
     row_operand: tuple = ()                            # arg positions a cube op reads as A[.., i, k]
     conv_data: int | None = None                       # arg position of a plain conv2d's data operand
@@ -205,6 +206,7 @@ class _Builder:
             n.rows = cache[("rows", key)]
         n.cube = n.traffic.cube_flops > 0
         if n.cube:
+            n.int8_cube = any(str(getattr(p.ty, "dtype", "")) in ("int8", "uint8") for p in prim.params)
             if ("rowop", key) not in cache:
                 cache[("rowop", key)] = row_operand_positions(prim)
             n.row_operand = cache[("rowop", key)]

@@ -252,7 +252,8 @@ class FusionModel:
         operand (the DMA into L1 does them), and in front of a plain conv's data operand also per-channel
         elementwise ops (its input prologue, ``conv_prologue.py``); a reduction behind a cube op only when a row block of the
         accumulator (cube_m rows of the reduction row, fp32) fits L0C; at most ``max_reductions`` free
-        reductions."""
+        reductions. An int8 cube op (8-bit operands) takes only its operands' and epilogue's ops, and no
+        reduction: the int8 rules finish the accumulator tile in registers with an injective epilogue."""
         nodes, mset = self.nodes, set(members)
         closed = self.closed_pattern(members)
         if closed:
@@ -313,6 +314,21 @@ class FusionModel:
             wset = set(windowed)
             if any(reachable(nodes, [m], mset, "users") & wset for m in windowed):
                 return "a spatial reduction (pool) feeds another in the group"
+        int8_cubes = [c for c in cubes if nodes[c].int8_cube]
+        if int8_cubes and any(not nodes[m].cube and nodes[m].pattern in (REDUCE, OUT_EWISE)
+                              for m in reachable(nodes, int8_cubes, mset, "users")):
+            # the int8 kernels keep their accumulator tile in registers and finish it with an injective
+            # epilogue; a reduction behind one (a LayerNorm pattern's too, the next dynamic quantize's
+            # min/max, a global pool) would put the whole kernel on a generic row rule that reads the bytes
+            # unpacked, slower than the int8 kernel and the reduction apart
+            return "reduction after an int8 cube op"
+        if int8_cubes:
+            # and they write one output: ops beside the cube (another GEMM's epilogue sharing a scale) would
+            # be a second output the int8 rules do not schedule
+            down = reachable(nodes, int8_cubes, mset, "users")
+            tied = set(int8_cubes) | down | reachable(nodes, set(int8_cubes) | down, mset, "producers")
+            if any(m not in tied for m in members):
+                return "ops beside an int8 cube op (not its operand or epilogue)"
         if cubes and reds:
             after_cube = reachable(nodes, cubes, mset, "users")
             limit = self.target.l0c_bytes // (self.target.cube_m * 4)

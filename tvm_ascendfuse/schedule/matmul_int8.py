@@ -109,8 +109,9 @@ class Int8MatmulRule(ScheduleRule):
         sch.reorder(no, *m_outer, mo, ko, mi, nvo, *((ni, ki) if vnni else (ki, ni)))
         outer = sch.fuse(no, *m_outer, mo)
         sch.parallel(outer)
-        # the accumulator tile lives in registers; the epilogue reads it directly, tile by tile
-        acc = sch.cache_write(gemm, 0, "global")   # the intrinsic declares global buffers
+        # the accumulator tile lives in registers; the epilogue reads it directly, tile by tile. Without an
+        # epilogue the tile accumulates in the output itself (a write-back stage would be a copy of it)
+        acc = sch.cache_write(gemm, 0, "global") if epilogue is not None else None  # global: as the intrinsic
         if not vnni:    # the same tile in int32 vector arithmetic: the 4 depths unrolled, 16 lanes a vector
             sch.unroll(ki)
             sch.vectorize(ni)
@@ -122,9 +123,6 @@ class Int8MatmulRule(ScheduleRule):
         sch.unroll(nvo)
         if epilogue is not None:
             sch.compute_inline(acc)
-            out = epilogue
-        else:
-            out = acc
-        sch.reverse_compute_at(out, outer)
-        sch.vectorize(sch.split(sch.get_loops(out)[-1], [None, LANES])[1])
+            sch.reverse_compute_at(epilogue, outer)
+            sch.vectorize(sch.split(sch.get_loops(epilogue)[-1], [None, LANES])[1])
         return sch
