@@ -94,6 +94,21 @@ def test_conv_then_max_pool(dtype):
     assert "ConvTiles" in text and "pool tile" in text     # the conv part got the conv rule's schedule
 
 
+def downsample(x, w, b):
+    """DLA's downsampling: a strided 3x3 conv + bias + ReLU and, beside it, a 2x2 max-pool of the same input
+    (no padding block: the pool stages the kernel input the conv's padding also reads)."""
+    y = op.nn.relu(op.add(op.nn.conv2d(x, w, strides=2, padding=[1] * 4), b))
+    return relax.Tuple([y, op.nn.max_pool2d(x, pool_size=2, strides=2)])
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 28, 28), (1, 8, 14, 18)])
+def test_conv_beside_a_pool_of_its_input(shape):
+    c = shape[1]
+    func = fused_kernel(downsample, [shape, (2 * c, c, 3, 3), (1, 2 * c, 1, 1)])
+    text = check_rule(PoolRule(), func, host=NATIVE).script()
+    assert "ConvTiles" in text and "pool tile" in text
+
+
 def test_conv_straight_into_avg_pool():
     """No epilogue between the conv and the pool; the pool's divide follows it."""
     def build(x, w):

@@ -193,7 +193,7 @@ class PoolRule(ScheduleRule):
             else:
                 ok(sch.compute_inline, last)
         if stage is None:
-            stage = sch.cache_read(block, 0, UB_SCOPE)
+            stage = sch.cache_read(block, 0, UB_SCOPE, consumer_blocks=[block])
         sch.compute_at(stage, tile, preserve_unit_loops=True)
         vectorize_inner(sch, stage, lanes)
 
