@@ -35,6 +35,7 @@ def test_table_order_is_the_schedule_phase_order():
     ("GER", False, "matmul+norm"), ("LLG", False, "matmul"), ("ER", False, "reduction"), ("EEL", False, "elementwise"),
     ("eRG", False, "matmul"), ("LLLeRGE", False, "matmul"), ("eLP", False, "pool"), ("lCEE", False, "conv2d"),
     ("lQEE", False, "grouped-conv2d"), ("lDEE", False, "fallback"), ("pEEE", False, "fallback"),
+    ("DELR", False, "fallback"), ("DEELER", False, "fallback"), ("DELRE", False, "fallback"),
     ("eR", False, "fallback"), ("ErR", False, "fallback"), ("O", False, "fallback")])
 def test_prediction_from_kinds(kinds, chained, rule):
     assert predict_rule(GroupShape(kinds, chained)).name == rule
@@ -295,3 +296,22 @@ def test_a_pool_beside_a_conv_is_not_fused_with_it():
     assert all(k["rule"] != "fallback" for k in rows), rows
     assert {"conv2d", "pool"} <= {k["rule"] for k in rows}, rows
 
+
+
+def _depthwise_then_channels_last_norm(channels=32, hw=14):
+    """ConvNeXt's block head: a 7x7 depthwise conv + bias, permuted to channels-last, LayerNorm over the
+    channels. The norm's rows are pixels, the conv's tiles channel planes: one kernel of both has no tile
+    either rule can use (the row rule ran it at 2 GFLOP/s, or over UB onto the fallback)."""
+    def body(bb, x, w, b, gamma, beta):
+        y = bb.emit(op.add(op.nn.conv2d(x, w, padding=3, groups=channels), b))
+        return bb.emit(op.nn.layer_norm(op.permute_dims(y, [0, 2, 3, 1]), gamma, beta, [-1], epsilon=1e-6))
+    return [(1, channels, hw, hw), (channels, 1, 7, 7), (1, channels, 1, 1), (channels,), (channels,)], body
+
+
+@pytest.mark.parametrize("channels, hw", [(32, 14), (40, 56)])
+def test_a_depthwise_conv_is_not_fused_with_a_norm_over_its_permuted_channels(channels, hw):
+    result = assert_same_numbers(_built(*_depthwise_then_channels_last_norm(channels, hw)))
+    rows = result.report.kernels
+    assert not _mispredicted(result.report), rows
+    assert all(k["rule"] != "fallback" for k in rows), rows
+    assert "depthwise-conv2d" in {k["rule"] for k in rows}, rows

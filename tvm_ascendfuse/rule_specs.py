@@ -148,7 +148,10 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
     RuleSpec("matmul+norm", r"[EL]*[GK][EL]*e?[RPM][ELRPM]*", SPECIALISED,
              note="one GEMM whose output feeds row reductions; the sum in front of the norm may be an output "
                   "(not a conv: its window reductions get no register tile there)"),
-    RuleSpec("reduction", r"[ELRDQPM]*[RDQPM][ELRDQPM]*", ROWS,
+    # Not a depthwise/grouped conv whose output is permuted before a row reduction reads it (ConvNeXt: 7x7
+    # depthwise conv -> channels-last -> LayerNorm): the rows are pixels across the conv's channel planes, and
+    # no row tile of that kernel is a tile of the conv (2 GFLOP/s at 7x7x320, or over UB at 14x14x160).
+    RuleSpec("reduction", r"(?![ELRQPM]*[DQ][EL]*L[EL]*R)[ELRDQPM]*[RDQPM][ELRDQPM]*", ROWS,
              note="reductions that are not products, sharing one row space, one output (norms, softmax, sums; "
                   "a grouped or depthwise conv, a pool, and what reduces their output)"),
     RuleSpec("elementwise", r"[ELel]*[EL]", STREAMING, note="injective chains, any number of outputs"),

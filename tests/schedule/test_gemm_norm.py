@@ -1,6 +1,7 @@
 """GemmNormRule: matmul + bias + residual + LayerNorm/RMSNorm in one kernel, against the unscheduled kernel."""
 
 import pytest
+from tvm import relax
 from tvm.relax import op
 
 from tvm_ascendfuse.schedule.reduction import GemmNormRule
@@ -48,6 +49,17 @@ def test_declines_plain_norm_and_plain_matmul():
     assert rule.apply(fused_kernel(lambda x, g, b: op.nn.layer_norm(x, g, b, [-1]), [(4, 8), (8,), (8,)]),
                       NPU, None) is None
     assert rule.apply(fused_kernel(lambda a, b: op.matmul(a, b), [(8, 16), (16, 4)]), NPU, None) is None
+
+
+def test_declines_a_conv_of_batch_one_beside_a_pool():
+    """DLA's downsampling kernel (strided conv + bias + ReLU, a max-pool of the same input beside it): the
+    normal form drops the batch of 1 and the conv looked like one contraction; this rule ran it as an untiled
+    loop nest at 2.3 GFLOP/s. It belongs to the conv/pool rules."""
+    def build(x, w, b):
+        y = op.nn.relu(op.add(op.nn.conv2d(x, w, strides=2, padding=[1] * 4), b))
+        return relax.Tuple([y, op.nn.max_pool2d(x, pool_size=2, strides=2)])
+    func = fused_kernel(build, [(1, 16, 28, 28), (32, 16, 3, 3), (1, 32, 1, 1)])
+    check_rule(GemmNormRule(), func, host=NATIVE, expect=False)
 
 
 def test_swiglu_two_products():
