@@ -109,6 +109,22 @@ def test_conv_beside_a_pool_of_its_input(shape):
     assert "ConvTiles" in text and "pool tile" in text
 
 
+def token_mixer(x, w, b, s):
+    """PoolFormer/EfficientFormer: a conv's output y, then (avg_pool(y) - y) * scale + y in the same kernel:
+    the epilogue reads y beside the pool's result."""
+    y = op.add(op.nn.conv2d(x, w), b)
+    pooled = op.nn.avg_pool2d(y, pool_size=3, strides=1, padding=[1] * 4, count_include_pad=False)
+    return op.add(op.multiply(op.subtract(pooled, y), s), y)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 14, 14), (1, 8, 9, 13)])
+def test_conv_then_pool_minus_its_input(shape):
+    c = shape[1]
+    func = fused_kernel(token_mixer, [shape, (c, c, 1, 1), (1, c, 1, 1), (1, c, 1, 1)])
+    text = check_rule(PoolRule(), func, host=NATIVE).script()
+    assert "ConvTiles" in text and "pool tile" in text
+
+
 def test_conv_straight_into_avg_pool():
     """No epilogue between the conv and the pool; the pool's divide follows it."""
     def build(x, w):

@@ -203,7 +203,11 @@ class PoolRule(ScheduleRule):
             *inline, last = epilogue
             for b in inline:
                 ok(sch.compute_inline, b)
-            if tile_local(sch, last, out_shape):
+            # per tile only when the pool is all it reads of the kernel: an epilogue that also reads the
+            # tensor in front of the pool (PoolFormer's token mixer, pool(x) - x) would read it from a stage
+            # computed outside the tile loop, which reverse_compute_at refuses
+            own = all(sch.get(p).same_as(sch.get(block)) for p in sch.get_producers(last))
+            if own and tile_local(sch, last, out_shape):
                 sch.set_scope(block, 0, UB_SCOPE)
                 writer = last
             else:
