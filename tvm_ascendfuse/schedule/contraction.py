@@ -289,18 +289,21 @@ def widening_to_stage(sch, pro, operand):
     of A rows), it converts each element once, sixteen lanes at a time, and the micro-kernel is the float32
     one."""
     blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(operand)), None)
-    if blk is None or transitive_producers(sch, blk):
-        return None
+    return blk if blk is not None and is_widening_block(sch, blk) else None
+
+
+def is_widening_block(sch, blk) -> bool:
+    """Whether ``blk`` only converts a 16-bit float kernel input (no producer in the kernel) to float32."""
+    if transitive_producers(sch, blk):
+        return False
     store = sch.get(blk).body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Cast):
-        return None
+        return False
     load = store.value.value
     wide = getattr(store.value, "ty", None)
     narrow = getattr(getattr(load, "source", None), "ty", None)
-    if str(getattr(wide, "dtype", "")) != "float32" or str(getattr(narrow, "dtype", "")) not in (
-            "float16", "bfloat16"):
-        return None
-    return blk
+    return str(getattr(wide, "dtype", "")) == "float32" and str(getattr(narrow, "dtype", "")) in (
+        "float16", "bfloat16")
 
 
 def contiguous_along_output(sch, block) -> bool:
