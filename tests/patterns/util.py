@@ -28,18 +28,11 @@ def const(shape, dtype="float32", seed=1):
     return relax.const(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
 
 
-def _entry_conversion(k) -> bool:
-    """A 16-bit model's input converted to float32 on entry (precision/compute_fp32.py): one cast, nothing else."""
-    prec = k.get("precision") or {}
-    return k["ops"] == ["cast"] and prec.get("compute") == "float32" and \
-        all(d in ("float16", "bfloat16") for d in prec.get("inputs", []))
-
-
 def assert_one_kernel(result, pattern: str):
-    """The whole graph became ONE kernel made by ``pattern`` (besides the entry conversions of a 16-bit model's
-    inputs), and the report counts the effect."""
-    kernels = [k for k in result.report.kernels if not _entry_conversion(k)]
-    assert len(kernels) == 1 and kernels[0]["launches"] == 1, result.report.kernels
+    """The whole graph became ONE kernel made by ``pattern`` (a 16-bit model's entry conversions included),
+    and the report counts the effect."""
+    kernels = result.report.kernels
+    assert len(kernels) == 1 and kernels[0]["launches"] == 1, kernels
     assert kernels[0]["pattern"] == pattern, kernels
     rec = result.report.get(SPECS[pattern].switch)
     assert rec.effect_times >= 1, rec.to_dict()

@@ -25,6 +25,7 @@ from ..kinds import op_kind, product_rows
 from ..target import AscendTarget
 from .chain import reduces_last_axis, row_operand_positions
 from .conv_prologue import conv_data_position, is_concat
+from .operand_cast import widening_cast
 from .cost import pad_ratio
 
 # TVM's op pattern kinds (``op_pattern`` of a legalized PrimFunc)
@@ -54,6 +55,7 @@ class Node:
     conv_data: int | None = None                       # arg position of a plain conv2d's data operand
     concat: bool = False                               # a concatenate
     row_norm: bool = False                             # a vector reduction over the last axis only (norm)
+    widens: bool = False                               # a 16-bit -> float32 conversion (operand_cast.py)
     kind: str = OPAQUE_KIND                            # kinds.op_kind of the PrimFunc (the rule table's letter)
     rows: tuple | None = None                          # kinds.product_rows of a GEMM op: (rows, batch)
     locked: int | None = None                          # index of the pattern group it came from
@@ -218,6 +220,10 @@ class _Builder:
             if ("concat", key) not in cache:
                 cache[("concat", key)] = is_concat(prim)
             n.concat = cache[("concat", key)]
+        if n.pattern == ELEMWISE and len(args) == 1:
+            if ("widens", key) not in cache:
+                cache[("widens", key)] = widening_cast(prim)
+            n.widens = cache[("widens", key)]
         if n.row and n.pattern in (REDUCE, OUT_EWISE):
             if ("lastaxis", key) not in cache:
                 cache[("lastaxis", key)] = reduces_last_axis(prim)

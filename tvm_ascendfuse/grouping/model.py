@@ -291,7 +291,9 @@ class FusionModel:
                     why = prologue_op(nodes[p])     # a conv's input prologue, applied as the input is staged
                     if why:
                         return why
-                elif nodes[p].pattern != INJECTIVE:
+                elif nodes[p].pattern != INJECTIVE and not nodes[p].widens:
+                    # a 16-bit operand's conversion to float32 is done as the operand is staged
+                    # (operand_cast.py); anything else computed there would be recomputed per tile
                     return "compute fused into a cube op's operand"
                 stack.extend(q for q in nodes[p].producers if q in mset)
         if cubes:

@@ -34,7 +34,7 @@ from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_produc
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
 from .common import (as_target, extent, is_output_block, largest_divisor, ok, parallel_vector, root_blocks,
                      still_exists, tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
-from .contraction import producer_to_stage
+from .contraction import producer_to_stage, widening_to_stage
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param, panel_pack_map
@@ -207,6 +207,8 @@ class MatmulRule(ScheduleRule):
         mm_name = sch.get(info.block).name_hint
         pro = [b for b in blocks[:gi] if not _is_preproc(sch, b)]
         a_stage = _producer_to_stage(sch, pro, info, info.a_buf)
+        if a_stage is None:
+            a_stage = widening_to_stage(sch, pro, info.a_buf)    # a 16-bit A converted once, in the panel
         if a_stage is not None:
             pro = [b for b in pro if not sch.get(b).same_as(sch.get(a_stage))]
             a_name = sch.get(a_stage).name_hint

@@ -13,8 +13,8 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import is_contraction
 from .base import ScheduleRule
-from .common import block_infos, is_output_block, num_cores, ok, root_blocks, vector_lanes
-from .contraction import schedule_gemm_root
+from .common import block_infos, is_output_block, num_cores, ok, parallel_vector, root_blocks, vector_lanes
+from .contraction import is_widening_block, schedule_gemm_root
 from .injective import tile_injective
 
 
@@ -41,10 +41,14 @@ class MultiGemmRule(ScheduleRule):
             producers = {sch.get(p).name_hint for p in sch.get_producers(b.block_rv)}
             if producers & names:
                 return None
-        for b in infos:
-            if not b.is_reduction() and not is_output_block(sch, b.block_rv):
-                ok(sch.compute_inline, b.block_rv)
         lanes = vector_lanes(host, 32)
+        for b in infos:
+            if is_widening_block(sch, b.block_rv):
+                # a 16-bit input converted once, vectorised, for all the products: inlined, each product's
+                # micro-kernel would convert one element per FMA row and per column panel
+                parallel_vector(sch, b.block_rv, lanes)
+            elif not b.is_reduction() and not is_output_block(sch, b.block_rv):
+                ok(sch.compute_inline, b.block_rv)
         choose = _SharedTiles(self.choose)
         for b in products:
             if not schedule_gemm_root(sch, b.block_rv, lanes, num_cores(host), choose=choose):
