@@ -104,6 +104,9 @@ def test_every_pass_is_listed_and_switchable():
     # BN left after the folds becomes scale/shift; sibling convs merge once their weights and biases are final
     assert names.index("ConvBatchnormFusionPass") < names.index("BatchnormScaleFusionPass") \
         < names.index("ConvSiblingMergeFusionPass")
+    # conv branches summed over one input become one conv before the sibling merge could concatenate them
+    assert names.index("BatchnormScaleFusionPass") < names.index("ConvBranchSumFusionPass") \
+        < names.index("ConvSiblingMergeFusionPass")
     # one-op attention is written out, and its transposes collapsed, before anything looks for attention
     assert names.index("ScaledDotProductAttentionFusionPass") < names.index("TransposeChainFusionPass") \
         < names.index("MatMulBiasAddFusionPass")

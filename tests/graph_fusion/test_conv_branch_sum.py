@@ -1,0 +1,120 @@
+"""ConvBranchSumFusionPass: a sum of conv branches (+ identity/affine) over one input becomes one conv."""
+
+import numpy as np
+import pytest
+from onnx import helper
+from tvm import relax
+
+from tests.graph_fusion.common import assert_same_after, assert_switched_off, onnx_model, ops, run_ort, run_pass
+from tests.helpers import assert_close, tol
+from tvm_ascendfuse.frontend import import_onnx
+from tvm_ascendfuse.graph_fusion import BatchnormScaleFusionPass, ConvBatchnormFusionPass
+from tvm_ascendfuse.graph_fusion import ConvBranchSumFusionPass as P
+
+RNG = np.random.default_rng(28)
+
+
+def block_onnx(c=4, cout=None, hw=6, kernels=(3, 1), groups=1, stride=1, identity="bn", pads=None,
+               strides=None, shared=None):
+    """Training-form RepVGG/MobileOne block: ``sum_i BN_i(conv_i(x))`` (+ ``BN(x)`` or ``x``).
+
+    ``pads`` / ``strides``: per-branch overrides (ONNX pads, stride); ``shared``: index of a branch whose BN
+    output is also a second model output."""
+    cout = cout or c
+    inits, nodes, terms = {}, [], []
+
+    def bn(name, src, n):
+        for p, v in (("g", RNG.random(n) + .5), ("b", RNG.standard_normal(n)),
+                     ("m", RNG.standard_normal(n) * .2), ("v", RNG.random(n) + .5)):
+            inits[f"{name}_{p}"] = v.astype("float32")
+        nodes.append(helper.make_node("BatchNormalization", [src] + [f"{name}_{p}" for p in "gbmv"], [name]))
+
+    for i, k in enumerate(kernels):
+        inits[f"W{i}"] = RNG.standard_normal((cout, c // groups, k, k)).astype("float32")
+        pad = pads[i] if pads else [k // 2] * 4
+        st = strides[i] if strides else stride
+        nodes.append(helper.make_node("Conv", ["x", f"W{i}"], [f"c{i}"], pads=pad, strides=[st, st], group=groups))
+        bn(f"n{i}", f"c{i}", cout)
+        terms.append(f"n{i}")
+    if identity == "bn":
+        bn("nid", "x", c)
+        terms.append("nid")
+    elif identity == "x":
+        terms.append("x")
+    acc = terms[0]
+    for i, t in enumerate(terms[1:]):      # accumulated as timm's forward does: out = a + b; out += c ...
+        nodes.append(helper.make_node("Add", [acc, t], [f"s{i}"]))
+        acc = f"s{i}"
+    nodes.append(helper.make_node("Relu", [acc], ["y"]))
+    ho = (hw + sum((pads[0] if pads else [kernels[0] // 2] * 4)[::2]) - kernels[0]) // (strides[0] if strides
+                                                                                        else stride) + 1
+    outs = {"y": (2, cout, ho, ho)}
+    if shared is not None:
+        outs[f"n{shared}"] = (2, cout, ho, ho)
+    return onnx_model(nodes, {"x": (2, c, hw, hw)}, outs, inits)
+
+
+def folded(model):
+    """The module as the pass sees it in the pipeline: BNs on convs folded, the BN of x made x * s + t."""
+    mod = import_onnx(model)
+    mod, _ = run_pass(ConvBatchnormFusionPass, mod)
+    mod, _ = run_pass(BatchnormScaleFusionPass, mod)
+    return mod
+
+
+def dce(mod):
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(kernels=(3, 1), identity="bn"),                          # RepVGG: 3x3 + 1x1 + BN(x), groups 1
+    dict(kernels=(3, 1), identity="x"),                           # identity without a BN
+    dict(c=6, kernels=(3, 3, 3, 3, 1), groups=6, identity="bn"),  # MobileOne depthwise stage
+    dict(c=6, kernels=(1, 1, 1, 1), identity="bn"),               # MobileOne pointwise stage
+    dict(c=4, cout=8, hw=8, kernels=(3, 1), stride=2, identity=None),   # stride-2 block, no identity
+    dict(c=4, kernels=(5, 3, 1), identity="bn"),                  # three kernel sizes, nested centring
+], ids=["repvgg", "plain_identity", "depthwise", "pointwise", "stride2", "5x5_3x3_1x1"])
+def test_branches_become_one_conv(kw):
+    model = block_onnx(**kw)
+    mod = folded(model)
+    assert ops(mod).count("nn.conv2d") == len(kw["kernels"])
+    out, rec = run_pass(P, mod)
+    assert rec.effect_times == 1, rec.to_dict()
+    out = dce(out)
+    assert ops(out).count("nn.conv2d") == 1, ops(out)
+    assert "multiply" not in ops(out)        # the affine branch is inside the kernel
+    got, inputs = assert_same_after(import_onnx(model), out)
+    assert_close(got, run_ort(model, inputs), **tol("float32"))
+
+
+def test_branch_used_elsewhere_refused():
+    """A branch's value is also a model output: it has to be computed anyway, so nothing merges."""
+    model = block_onnx(kernels=(3, 3, 1), shared=0)
+    mod = folded(model)
+    out, rec = run_pass(P, mod)
+    assert rec.effect_times == 0
+    assert "also used outside the sum" in rec.not_effective[0]["failed"], rec.to_dict()
+    assert ops(dce(out)).count("nn.conv2d") == 3
+    assert_same_after(import_onnx(model), out)
+
+
+def test_different_strides_refused():
+    """3x3 stride 2 and 5x5 stride 1 (no padding) both give 4x4 from 8x8, but read different windows."""
+    model = block_onnx(hw=8, kernels=(3, 5), pads=[[1] * 4, [0] * 4], strides=[2, 1], identity=None)
+    out, rec = run_pass(P, folded(model))
+    assert rec.effect_times == 0
+    assert "stride" in rec.not_effective[0]["failed"], rec.to_dict()
+    assert ops(dce(out)).count("nn.conv2d") == 2
+
+
+def test_uncentred_padding_refused():
+    """A 3x3 padded only at the bottom/right: its taps are not centred on the 1x1's."""
+    model = block_onnx(hw=6, kernels=(3, 1), pads=[[0, 0, 2, 2], [0] * 4], identity=None)
+    out, rec = run_pass(P, folded(model))
+    assert rec.effect_times == 0
+    assert "not the centred" in rec.not_effective[0]["failed"], rec.to_dict()
+    assert_same_after(import_onnx(model), out)
+
+
+def test_switched_off():
+    assert_switched_off(P, folded(block_onnx(kernels=(3, 1))), 1)
