@@ -118,3 +118,55 @@ def test_uncentred_padding_refused():
 
 def test_switched_off():
     assert_switched_off(P, folded(block_onnx(kernels=(3, 1))), 1)
+
+
+def test_torch_mobileone_block_through_compile_model():
+    """A MobileOne-style block in training form written in PyTorch (depthwise stage: four 3x3 convs + BN, a
+    1x1 conv + BN, a BN of the input; pointwise stage: two 1x1 convs + BN and a BN of the input; ReLU after
+    each), exported by torch.onnx (dynamo), compiled by our pipeline: each stage is one conv kernel, and the
+    numbers agree with onnxruntime and eager PyTorch."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    from torch import nn
+    from tests.helpers import compile_ours, run_vm
+
+    def conv_bn(c, k, groups):
+        return nn.Sequential(nn.Conv2d(c, c, k, padding=k // 2, groups=groups, bias=False), nn.BatchNorm2d(c))
+
+    class Stage(nn.Module):
+        def __init__(self, c, k, n, groups):
+            super().__init__()
+            self.kxk = nn.ModuleList(conv_bn(c, k, groups) for _ in range(n))
+            self.scale = conv_bn(c, 1, groups) if k > 1 else None
+            self.skip = nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            out = self.skip(x)
+            if self.scale is not None:
+                out = self.scale(x) + out
+            for branch in self.kxk:
+                out = out + branch(x)
+            return torch.relu(out)
+
+    torch.manual_seed(0)
+    c = 16
+    model = nn.Sequential(Stage(c, 3, 4, c), Stage(c, 1, 2, 1))
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):     # trained-looking statistics, not the identity init
+            m.running_mean.uniform_(-.5, .5), m.running_var.uniform_(.5, 2), m.weight.data.uniform_(.5, 1.5)
+            m.bias.data.uniform_(-.5, .5)
+    model.eval()
+    x = torch.randn(1, c, 12, 12)
+    with torch.no_grad():
+        eager = model(x).numpy()
+    onnx_model = torch.onnx.export(model, (x,), dynamo=True, verbose=False).model_proto
+    result = compile_ours(import_onnx(onnx_model))
+    rec = result.report.get(P.switch_name)
+    assert rec.effect_times == 2, rec.to_dict()
+    conv_kernels = [k for k in result.report.kernels if any(op.startswith("conv2d") for op in k["ops"])]
+    assert sum(k["launches"] for k in conv_kernels) == 2, result.report.kernels
+    ours = run_vm(result.executable, [x.numpy()])
+    sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert_close(ours, sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0], **tol("float32"))
+    assert_close(ours, eager, **tol("float32"))
