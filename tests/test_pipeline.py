@@ -90,7 +90,7 @@ def test_transformer_mlp_recognised():
 def test_every_pass_is_listed_and_switchable():
     from tvm_ascendfuse.switches import GRAPH_FUSION, known_switches
     names = [cls.switch_name for cls in GRAPH_FUSION_PASSES]
-    assert len(set(names)) == len(names) == 31
+    assert len(set(names)) == len(names) == 32
     assert all(known_switches()[n].category == GRAPH_FUSION for n in names)
     assert names.index("LayerNormFusionPass") < names.index("RMSNormFusionPass")
     assert names.index("FocusConvFusionPass") < names.index("ConvBatchnormFusionPass")
