@@ -30,8 +30,9 @@ def block_onnx(c=4, cout=None, hw=6, kernels=(3, 1), groups=1, stride=1, identit
         nodes.append(helper.make_node("BatchNormalization", [src] + [f"{name}_{p}" for p in "gbmv"], [name]))
 
     for i, k in enumerate(kernels):
-        inits[f"W{i}"] = RNG.standard_normal((cout, c // groups, k, k)).astype("float32")
-        pad = pads[i] if pads else [k // 2] * 4
+        kh, kw = (k, k) if isinstance(k, int) else k
+        inits[f"W{i}"] = RNG.standard_normal((cout, c // groups, kh, kw)).astype("float32")
+        pad = pads[i] if pads else [kh // 2, kw // 2] * 2
         st = strides[i] if strides else stride
         nodes.append(helper.make_node("Conv", ["x", f"W{i}"], [f"c{i}"], pads=pad, strides=[st, st], group=groups))
         bn(f"n{i}", f"c{i}", cout)
@@ -46,8 +47,8 @@ def block_onnx(c=4, cout=None, hw=6, kernels=(3, 1), groups=1, stride=1, identit
         nodes.append(helper.make_node("Add", [acc, t], [f"s{i}"]))
         acc = f"s{i}"
     nodes.append(helper.make_node("Relu", [acc], ["y"]))
-    ho = (hw + sum((pads[0] if pads else [kernels[0] // 2] * 4)[::2]) - kernels[0]) // (strides[0] if strides
-                                                                                        else stride) + 1
+    k0 = kernels[0] if isinstance(kernels[0], int) else kernels[0][0]
+    ho = (hw + sum((pads[0] if pads else [k0 // 2] * 4)[::2]) - k0) // (strides[0] if strides else stride) + 1
     outs = {"y": (2, cout, ho, ho)}
     if shared is not None:
         outs[f"n{shared}"] = (2, cout, ho, ho)
@@ -73,7 +74,8 @@ def dce(mod):
     dict(c=6, kernels=(1, 1, 1, 1), identity="bn"),               # MobileOne pointwise stage
     dict(c=4, cout=8, hw=8, kernels=(3, 1), stride=2, identity=None),   # stride-2 block, no identity
     dict(c=4, kernels=(5, 3, 1), identity="bn"),                  # three kernel sizes, nested centring
-], ids=["repvgg", "plain_identity", "depthwise", "pointwise", "stride2", "5x5_3x3_1x1"])
+    dict(c=4, kernels=(3, (1, 3), (3, 1)), identity="bn"),        # ACNet: square + horizontal + vertical
+], ids=["repvgg", "plain_identity", "depthwise", "pointwise", "stride2", "5x5_3x3_1x1", "acnet"])
 def test_branches_become_one_conv(kw):
     model = block_onnx(**kw)
     mod = folded(model)
