@@ -89,6 +89,24 @@ def test_branches_become_one_conv(kw):
     assert_close(got, run_ort(model, inputs), **tol("float32"))
 
 
+def test_other_summands_kept():
+    """conv_a(x) + conv_b(x) + conv_c(y) + z + 1: the two branches over x merge, the rest is still added."""
+    def body(bb, x, y, z):
+        w = lambda: relax.const(RNG.standard_normal((4, 4, 3, 3)).astype("float32"))
+        ca, cb, cc = (bb.emit(relax.op.nn.conv2d(t, w(), padding=[1, 1])) for t in (x, x, y))
+        s = bb.emit(relax.op.add(ca, cc))
+        s = bb.emit(relax.op.add(s, z))
+        s = bb.emit(relax.op.add(cb, s))
+        return bb.emit(relax.op.add(s, relax.const(np.float32(1.0))))
+
+    from tests.graph_fusion.common import build
+    mod = build(body, (1, 4, 5, 5), (1, 4, 5, 5), (1, 4, 5, 5))
+    out, rec = run_pass(P, mod)
+    assert rec.effect_times == 1, rec.to_dict()
+    assert ops(dce(out)).count("nn.conv2d") == 2
+    assert_same_after(mod, out)
+
+
 def test_branch_used_elsewhere_refused():
     """A branch's value is also a model output: it has to be computed anyway, so nothing merges."""
     model = block_onnx(kernels=(3, 3, 1), shared=0)

@@ -103,6 +103,10 @@ class ConvBranchSumFusionPass(GraphRewritePass):
             detail["kernel"].append([int(d) for d in conv.args[1].value.shape[2:]])
         value = relax.op.add(value, make_const(bias, dtype))
         # summands no group takes stay as they were
+        grouped = {v for _, convs, _ in groups for v, _ in convs}
+        for v, _ in tree.convs:
+            if v not in grouped:
+                value = relax.op.add(value, v)
         for t in tree.affine:
             if id(t) not in used:
                 value = relax.op.add(value, t[2] if t[2] is not None else t[0])
