@@ -136,6 +136,21 @@ def test_uncentred_padding_refused():
     assert_same_after(import_onnx(model), out)
 
 
+def test_weight_not_constant_refused():
+    """A branch whose weight is a function parameter cannot be summed into a constant kernel."""
+    def body(bb, x, w):
+        ca = bb.emit(relax.op.nn.conv2d(x, w, padding=[1, 1]))
+        cb = bb.emit(relax.op.nn.conv2d(x, relax.const(RNG.standard_normal((4, 4, 1, 1)).astype("float32"))))
+        return bb.emit(relax.op.add(ca, cb))
+
+    from tests.graph_fusion.common import build
+    mod = build(body, (1, 4, 5, 5), (4, 4, 3, 3))
+    out, rec = run_pass(P, mod)
+    assert rec.effect_times == 0
+    assert "not constant" in rec.not_effective[0]["failed"], rec.to_dict()
+    assert ops(dce(out)).count("nn.conv2d") == 2
+
+
 def test_switched_off():
     assert_switched_off(P, folded(block_onnx(kernels=(3, 1))), 1)
 
