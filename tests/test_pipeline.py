@@ -90,7 +90,7 @@ def test_transformer_mlp_recognised():
 def test_every_pass_is_listed_and_switchable():
     from tvm_ascendfuse.switches import GRAPH_FUSION, known_switches
     names = [cls.switch_name for cls in GRAPH_FUSION_PASSES]
-    assert len(set(names)) == len(names) == 31
+    assert len(set(names)) == len(names) == 32
     assert all(known_switches()[n].category == GRAPH_FUSION for n in names)
     assert names.index("LayerNormFusionPass") < names.index("RMSNormFusionPass")
     assert names.index("FocusConvFusionPass") < names.index("ConvBatchnormFusionPass")
@@ -103,6 +103,9 @@ def test_every_pass_is_listed_and_switchable():
     assert names.index("AttentionScaleFusionPass") < names.index("GroupedQueryMatmulFusionPass")
     # BN left after the folds becomes scale/shift; sibling convs merge once their weights and biases are final
     assert names.index("ConvBatchnormFusionPass") < names.index("BatchnormScaleFusionPass") \
+        < names.index("ConvSiblingMergeFusionPass")
+    # conv branches summed over one input become one conv before the sibling merge could concatenate them
+    assert names.index("BatchnormScaleFusionPass") < names.index("ConvBranchSumFusionPass") \
         < names.index("ConvSiblingMergeFusionPass")
     # one-op attention is written out, and its transposes collapsed, before anything looks for attention
     assert names.index("ScaledDotProductAttentionFusionPass") < names.index("TransposeChainFusionPass") \

@@ -40,6 +40,7 @@ CONCAT_IDENTITY = "ConcatIdentityFusionPass"
 IDENTITY_COPY = "IdentityCopyFusionPass"
 CONCAT_SPLIT = "ConcatSplitFusionPass"
 CONV_SIBLING_MERGE = "ConvSiblingMergeFusionPass"
+CONV_BRANCH_SUM = "ConvBranchSumFusionPass"
 CONV_BATCHNORM = "ConvBatchnormFusionPass"
 CONV_BIAS_ADD = "ConvBiasAddFusionPass"
 FOCUS_CONV = "FocusConvFusionPass"
@@ -114,6 +115,10 @@ SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(CONV_SIBLING_MERGE, GRAPH_FUSION,
                "convs sharing one input with constant weights and the same window -> one conv over "
                "concatenated output channels (+ bias, activation) and per-part channel slices"),
+    SwitchInfo(CONV_BRANCH_SUM, GRAPH_FUSION,
+               "a sum of convs of one input with constant weights and the same stride/groups/dilation (+ the "
+               "input itself or a per-channel affine of it) -> one conv whose kernel is their centred sum "
+               "(RepVGG/MobileOne blocks in training form)"),
     SwitchInfo(FOCUS_CONV, GRAPH_FUSION, "YOLOv5 Focus (4 strided slices + concat + conv) -> one stride-2 conv"),
     SwitchInfo(GELU, GRAPH_FUSION, "recognise the erf and tanh forms of GELU as gelu / gelu_tanh"),
     SwitchInfo(LAYER_NORM, GRAPH_FUSION, "recognise mean/sub/pow/mean/add/sqrt/div(*gamma+beta) as layer_norm"),

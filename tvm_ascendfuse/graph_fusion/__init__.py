@@ -32,8 +32,12 @@
    fold see the tensor itself.
 7. ``BatchnormScaleFusionPass``: every BN left (not behind a conv/matmul: pre-activation BN) becomes a
    per-channel multiply-add the grouping can fuse into the next conv's input prologue.
-8. ``ConvSiblingMergeFusionPass``: convs of one input (Inception's 1x1 branches) with folded weights and
-   canonical biases become one conv and channel slices.
+8. ``ConvBranchSumFusionPass`` then ``ConvSiblingMergeFusionPass``. The first turns a sum of convs of one
+   input (RepVGG/MobileOne branches, their BNs folded by step 6, the BN of the input made ``x * s + t`` by
+   step 7) into one conv with the summed kernel; it must come before the sibling merge, which would otherwise
+   concatenate those branches and add the slices back. Then ``ConvSiblingMergeFusionPass``: convs of one
+   input (Inception's 1x1 branches) with folded weights and canonical biases become one conv and channel
+   slices.
 9. The transformer canonicalisations, in this order: ``GemmRowLayoutFusionPass`` moves reshapes/transposes
    of GEMM rows off the GEMMs (they need the canonical ``matmul(x, W) + b`` of step 3), then
    ``LayoutChainFusionPass`` rewrites every chain of layout ops, including the ones just moved, in the one
@@ -61,6 +65,7 @@ from .batchnorm_scale import BatchnormScaleFusionPass
 from .concat_identity import ConcatIdentityFusionPass
 from .concat_split import ConcatSplitFusionPass
 from .conv_batchnorm import ConvBatchnormFusionPass
+from .conv_branch_sum import ConvBranchSumFusionPass
 from .conv1d import Conv1dAsConv2dFusionPass
 from .conv_bias_add import ConvBiasAddFusionPass
 from .conv_quant import Conv2DQuantFusionPass
@@ -108,6 +113,7 @@ GRAPH_FUSION_PASSES: list = [
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,
     BatchnormScaleFusionPass,
+    ConvBranchSumFusionPass,
     ConvSiblingMergeFusionPass,
     GemmRowLayoutFusionPass,
     LayoutChainFusionPass,
