@@ -201,3 +201,25 @@ def test_conv_in_front_of_a_pool_not_padded_where_it_saves_nothing():
         func = fused_kernel(classifier, [(1, 16, 7, 7), (48, 16, 1, 1), (1, 48, 1, 1)])
         mod = check_rule(PoolRule(), func.with_attr("layout_free_buffers", [1]), host=host)
         assert "channels padded" not in mod.script() and not _padded_weight(mod)
+
+
+def test_pipeline_pads_a_classifier_conv_in_front_of_its_global_mean():
+    """Fire-module concat + conv (18 channels: 9 vectors of 2 lanes, on any x86 vector width) + ReLU + global mean
+    through the whole pipeline (the weight a constant, packed padded at compile time): one pool-rule kernel
+    with its channels padded, the numbers of TVM's default build."""
+    rng = np.random.default_rng(2)
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((1, 16, 13, 13), "float32"))
+    c = relax.Var("c", relax.TensorType((1, 16, 13, 13), "float32"))
+    with bb.function("main", [a, c]):
+        with bb.dataflow():
+            x = bb.emit(op.concat([op.nn.relu(a), op.nn.relu(c)], axis=1))
+            w = relax.const(rng.standard_normal((18, 32, 1, 1)).astype("float32") * 0.2)
+            y = bb.emit(op.nn.relu(op.add(op.nn.conv2d(x, w), relax.const(
+                rng.standard_normal((1, 18, 1, 1)).astype("float32")))))
+            out = bb.emit_output(op.reshape(op.mean(y, axis=[2, 3], keepdims=True), (1, 18)))
+        bb.emit_func_output(out)
+    res = assert_same_numbers(bb.get())
+    pooled = [row for row in res.report.kernels if "mean" in row["name"]]
+    assert [row["rule"] for row in pooled] == ["pool"], res.report.kernels
+    assert "channels padded" in res.scheduled_module[pooled[0]["name"]].script()
