@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from tvm import relax
 from tvm.relax import op
 
@@ -14,10 +15,12 @@ from tests.helpers import assert_same_numbers
 from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.analysis import match_pool
+from tvm_ascendfuse.schedule.hostvec import host_vector
 from tvm_ascendfuse.schedule.pool import PoolRule, choose_pool_tile
 from tvm_ascendfuse.target import get_target
 
 NPU = get_target("ascend910b")
+AVX2_HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
 
 
 def _flat(x):
@@ -191,3 +194,81 @@ def test_pipeline_uses_pool_rule_for_conv_max_pool():
     res = assert_same_numbers(bb.get())
     rules = {row["rule"] for row in res.report.kernels if "max_pool" in row["name"]}
     assert rules == {"pool"}, res.report.kernels
+
+
+def classifier(x, w, b):
+    """SqueezeNet's classifier: conv 1x1 + bias + ReLU + global mean + flatten, in one kernel."""
+    y = op.nn.relu(op.add(op.nn.conv2d(x, w), b))
+    return _flat(op.mean(y, axis=[2, 3], keepdims=True))
+
+
+def fire_classifier(a, c, w, b):
+    """The same reading the concat of a fire module's two expand branches."""
+    return classifier(op.concat([a, c], axis=1), w, b)
+
+
+def _padded_weight(mod):
+    return [bf for bf in mod["main"].body.block.alloc_buffers if bf.name.endswith("_chpad")
+            and len(bf.ty.shape) == 5]
+
+
+@pytest.mark.parametrize("host", [NATIVE, AVX2_HOST])
+@pytest.mark.parametrize("case", [
+    ("plain", [(1, 32, 13, 13), (36, 32, 1, 1), (1, 36, 1, 1)]),         # 9 vectors of 4 lanes: 3 of 16, 5 of 8
+    ("concat", [(1, 16, 13, 13), (1, 16, 13, 13), (52, 32, 1, 1), (1, 52, 1, 1)]),       # 13 of 4: 4 / 7
+    ("plain", [(2, 8, 9, 11), (20, 8, 3, 3), (1, 20, 1, 1)]),           # 3x3, batch 2, odd plane: 5 of 4 lanes
+])
+def test_conv_channels_padded_in_front_of_a_pool(host, case):
+    """Output channels no full vector divides are computed on full vectors (zero weight rows, the padded
+    lanes never stored) in the conv in front of a pool too; the numbers are the unscheduled kernel's."""
+    kind, shapes = case
+    build = fire_classifier if kind == "concat" else classifier
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [len(shapes) - 2])
+    mod = check_rule(PoolRule(), func, host=host)
+    text = mod.script()
+    assert "channels padded" in text and "pool tile" in text
+    lanes = host_vector(host).lanes("float32")
+    weight = _padded_weight(mod)
+    oc = shapes[-1][1]
+    assert len(weight) == 1
+    shape = [int(d) for d in weight[0].ty.shape]
+    assert shape[0] * shape[4] == -(-oc // lanes) * lanes and shape[4] % lanes == 0
+
+
+def test_squeezenet_classifier_padded_to_full_vectors():
+    """1000 channels (125 vectors of 8 lanes on AVX-512) -> 1008 (63 of 16), reading a fire module's concat."""
+    shapes = [(1, 16, 13, 13), (1, 16, 13, 13), (1000, 32, 1, 1), (1, 1000, 1, 1)]
+    func = fused_kernel(fire_classifier, shapes).with_attr("layout_free_buffers", [2])
+    mod = check_rule(PoolRule(), func, host=NATIVE)
+    lanes = host_vector(NATIVE).lanes("float32")
+    assert ("channels padded" in mod.script()) == (1000 % lanes != 0)
+
+
+def test_conv_in_front_of_a_pool_not_padded_where_it_saves_nothing():
+    """48 channels are three full vectors on AVX-512 (no padding); on AVX2 six of 8 lanes: none either."""
+    for host in (NATIVE, AVX2_HOST):
+        func = fused_kernel(classifier, [(1, 16, 7, 7), (48, 16, 1, 1), (1, 48, 1, 1)])
+        mod = check_rule(PoolRule(), func.with_attr("layout_free_buffers", [1]), host=host)
+        assert "channels padded" not in mod.script() and not _padded_weight(mod)
+
+
+def test_pipeline_pads_a_classifier_conv_in_front_of_its_global_mean():
+    """Fire-module concat + conv (18 channels: 9 vectors of 2 lanes, on any x86 vector width) + ReLU + global mean
+    through the whole pipeline (the weight a constant, packed padded at compile time): one pool-rule kernel
+    with its channels padded, the numbers of TVM's default build."""
+    rng = np.random.default_rng(2)
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((1, 16, 13, 13), "float32"))
+    c = relax.Var("c", relax.TensorType((1, 16, 13, 13), "float32"))
+    with bb.function("main", [a, c]):
+        with bb.dataflow():
+            x = bb.emit(op.concat([op.nn.relu(a), op.nn.relu(c)], axis=1))
+            w = relax.const(rng.standard_normal((18, 32, 1, 1)).astype("float32") * 0.2)
+            y = bb.emit(op.nn.relu(op.add(op.nn.conv2d(x, w), relax.const(
+                rng.standard_normal((1, 18, 1, 1)).astype("float32")))))
+            out = bb.emit_output(op.reshape(op.mean(y, axis=[2, 3], keepdims=True), (1, 18)))
+        bb.emit_func_output(out)
+    res = assert_same_numbers(bb.get())
+    pooled = [row for row in res.report.kernels if "mean" in row["name"]]
+    assert [row["rule"] for row in pooled] == ["pool"], res.report.kernels
+    assert "channels padded" in res.scheduled_module[pooled[0]["name"]].script()

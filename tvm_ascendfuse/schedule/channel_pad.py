@@ -10,7 +10,10 @@ padded lanes are computed on zeros and never stored.
 
 A rewrite of the unscheduled PrimFunc (TVM's schedule primitives cannot enlarge a block's iteration
 domain): the conv block's channel iterator and its loop get the padded extent, the accumulator buffer and
-the weight the conv reads are replaced by padded ones. Shared by the conv rules; it imports no rule.
+the weight the conv reads are replaced by padded ones. Shared by the conv rules (the conv2d-padded rule, and
+the pool rule for a conv in front of a pool: SqueezeNet's classifier conv of 1000 channels + ReLU + global
+mean); it imports no rule. ``padding_pays`` is when to pad, ``pack_padded_weight`` how the padded weight
+follows the register block the conv schedule chose.
 """
 
 from __future__ import annotations
@@ -19,7 +22,51 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from .common import extent
+from .conv_schedule import ConvOptions, choose_conv_tiles, pixel_vector_plan
+from .layout import LAYOUT_FREE_ATTR, PREPROC_ANNOTATION
+
 WEIGHT_PAD_BLOCK = "weight_channel_pad"
+
+
+def padding_pays(sch, block, info, before, hv, target) -> int | None:
+    """The padded output channel count when padding the conv ``block`` (``info``: its ConvBlock; ``before``:
+    the root blocks in front of it) to the host's full vector takes fewer vector FMAs per broadcast input
+    pixel than the conv2d schedule's vectors of the widest power of two dividing OC (116 channels: 8 full
+    vectors instead of 29 of 4 lanes; 1000: 63 instead of 125 of 8 lanes; not 8 channels: one vector either
+    way), and the conv does not run on pixel vectors (its channels are not on the lanes there); else None.
+    Float convs only (an int8 x int8 -> int32 conv has rules of its own)."""
+    loops = sch.get_loops(block)
+    oc, oh, ow = extent(sch, loops[1]), extent(sch, loops[2]), extent(sch, loops[3])
+    lanes = hv.lanes(info.out_dtype)
+    if oc is None or ow is None or oc % lanes == 0 or not str(info.out_dtype).startswith("float"):
+        return None
+    vl = choose_conv_tiles(oc, ow, info.out_dtype, hv, target).vl
+    padded = padded_channels(oc, lanes)
+    if padded // lanes >= oc // vl:
+        return None
+    if pixel_vector_plan(ConvOptions(), sch, block, info, before, (oc, oh, ow), hv) is not None:
+        return None
+    return padded
+
+
+def pack_padded_weight(sch, func, weight, ocb: int) -> None:
+    """Lay the padded weight out (OC/ocb, IC, KH, KW, ocb) for the register block of ``ocb`` channels the
+    conv schedule chose; computed once at compile time when ``weight`` is a constant of the pipeline (the
+    conv rules' prepack does not see it: the padded weight is no parameter)."""
+    pad = sch.get_sblock(WEIGHT_PAD_BLOCK)
+    sch.transform_layout(pad, ("write", 0), lambda f, c, r, s: (f // ocb, c, r, s, f % ocb))
+    if _is_layout_free(func, weight):
+        sch.annotate(pad, PREPROC_ANNOTATION, 1)
+
+
+def _is_layout_free(func, weight) -> bool:
+    """Is ``weight`` a parameter the pipeline marks as a constant (packed once at compile time)?"""
+    attrs = func.attrs
+    if attrs is None or LAYOUT_FREE_ATTR not in attrs:
+        return False
+    free = {int(i) for i in attrs[LAYOUT_FREE_ATTR]}
+    return any(p.same_as(weight) and i in free for i, p in enumerate(func.params))
 
 
 def padded_channels(oc: int, lanes: int) -> int:

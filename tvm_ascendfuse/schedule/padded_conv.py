@@ -23,12 +23,11 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import has_reduce, match_conv2d
 from .base import ScheduleRule
-from .channel_pad import WEIGHT_PAD_BLOCK, pad_conv_output_channels, padded_channels
-from .common import as_target, extent, root_blocks
-from .conv_schedule import ConvOptions, choose_conv_tiles, pixel_vector_plan, schedule_conv2d
+from .channel_pad import WEIGHT_PAD_BLOCK, pack_padded_weight, pad_conv_output_channels, padding_pays
+from .common import as_target, root_blocks
+from .conv_schedule import ConvOptions, schedule_conv2d
 from .fast_math import use_fast_math
 from .hostvec import host_vector
-from .layout import LAYOUT_FREE_ATTR, PREPROC_ANNOTATION
 
 
 class PaddedConv2dRule(ScheduleRule):
@@ -45,27 +44,17 @@ class PaddedConv2dRule(ScheduleRule):
         if conv is None:
             return None
         block, info = conv
-        loops = sch.get_loops(block)
-        oc, ow = extent(sch, loops[1]), extent(sch, loops[3])
-        lanes = hv.lanes(info.out_dtype)
-        if oc is None or ow is None or oc % lanes == 0:
-            return None
-        if not str(info.out_dtype).startswith("float"):
-            return None         # an integer conv (int8 x int8 -> int32) is the int8 rule's or the conv2d rule's
-        vl = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target)).vl
-        if padded_channels(oc, lanes) // lanes >= oc // vl:
-            return None         # no fewer vector FMAs per broadcast input pixel (8 channels on 16 lanes)
         blocks = list(root_blocks(sch))
         ci = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(block)))
-        if pixel_vector_plan(ConvOptions(), sch, block, info, blocks[:ci], (oc, extent(sch, loops[2]), ow),
-                             hv) is not None:
-            return None         # pixels on the lanes: the channel count does not matter there
+        padded_oc = padding_pays(sch, block, info, blocks[:ci], hv, as_target(target))
+        if padded_oc is None:
+            return None
         name = sch.get(block).name_hint
         if any(p.same_as(sch.get(block).writes[0].source) for p in func.params):
             # no epilogue: the conv writes the output itself; a copy of the first OC channels stores it
             sch.cache_write(block, 0, "global")
             func = sch.mod["main"]
-        padded = pad_conv_output_channels(func, name, info.weight_buf, padded_channels(oc, lanes))
+        padded = pad_conv_output_channels(func, name, info.weight_buf, padded_oc)
         if padded is None:
             return None
         return _schedule_padded(padded, info.weight_buf, target, hv)
@@ -100,18 +89,6 @@ def _schedule_padded(func, weight, target, hv) -> s_tir.Schedule | None:
     # padded weight is packed by; the prepack of the conv rule does not see the padded weight (not a parameter)
     if schedule_conv2d(sch, blocks, ci, info, target, hv, ConvOptions(tiles=keep)) is None or not chosen:
         return None
-    ocb = chosen[0].tiles.ocb
-    sch.transform_layout(pad, ("write", 0), lambda f, c, r, s: (f // ocb, c, r, s, f % ocb))
-    if _is_layout_free(func, weight):
-        sch.annotate(pad, PREPROC_ANNOTATION, 1)
+    pack_padded_weight(sch, func, weight, chosen[0].tiles.ocb)
     sch.annotate(block, "ascendfuse.channel_pad", f"{info.out_dtype} channels padded for {hv.bits}-bit vectors")
     return sch
-
-
-def _is_layout_free(func, weight) -> bool:
-    """Is ``weight`` a parameter the pipeline marks as a constant (packed once at compile time)?"""
-    attrs = func.attrs
-    if attrs is None or LAYOUT_FREE_ATTR not in attrs:
-        return False
-    free = {int(i) for i in attrs[LAYOUT_FREE_ATTR]}
-    return any(p.same_as(weight) and i in free for i, p in enumerate(func.params))

@@ -10,7 +10,8 @@ and the pool's own padding/prologue.
 Why a rule: the grouping fuses a pool into the conv that feeds it (it saves the conv output's round trip),
 but no single-reduction rule takes the kernel, and the generic fallback ran ResNet's stem kernel at
 1.6 GFLOP/s (64% of the model). Here the conv part gets the conv2d schedule
-(``conv_schedule.schedule_conv2d``, its output kept in a kernel-local buffer), and the pool runs tile by
+(``conv_schedule.schedule_conv2d``, its output kept in a kernel-local buffer; output channels no full vector
+divides padded to one, as the conv2d-padded rule does: ``channel_pad.py``), and the pool runs tile by
 tile: a tile is ``cb`` channels x ``rb`` output rows; the input window rows it needs (with the padding) are
 staged in ``local.UB``, its outputs are produced in ``local.UB`` and written back with the epilogue (divide,
 reshape). Tiles are sized from the target's usable UB (double-buffered) and spread over the host cores;
@@ -28,7 +29,9 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import PoolBlock, has_reduce, match_conv2d, match_pool
 from .base import UB_SCOPE, ScheduleRule
+from .channel_pad import WEIGHT_PAD_BLOCK, pack_padded_weight, pad_conv_output_channels, padding_pays
 from .common import (
+    as_target,
     buffer_bytes,
     extent,
     num_cores,
@@ -40,7 +43,7 @@ from .common import (
     vector_lanes,
     vectorize_inner,
 )
-from .conv_schedule import schedule_conv2d
+from .conv_schedule import DEFAULT_OPTIONS, ConvOptions, schedule_conv2d
 from .hostvec import host_vector
 from .plane_pool import schedule_plane_pool
 
@@ -104,7 +107,49 @@ class PoolRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
+        padded = self._with_padded_conv(func, target, host)
+        if padded is not None:
+            return padded
         return self.schedule(s_tir.Schedule(tvm.IRModule({"main": func})), target, host)
+
+    def _with_padded_conv(self, func, target, host) -> s_tir.Schedule | None:
+        """The kernel with its conv's output channels padded to the host's full vector (``channel_pad.py``)
+        where that takes fewer vector FMAs (SqueezeNet's classifier: 1000 channels in 125 vectors of 8 lanes
+        on AVX-512, 63 of 16 padded), else None. The padded lanes are computed on zero weights; the epilogue
+        and the pool read only the first OC channels of the accumulator."""
+        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        blocks = list(root_blocks(sch))
+        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
+        if len(reductions) != 2 or match_pool(sch, blocks[reductions[1]]) is None:
+            return None
+        ci = reductions[0]
+        info = match_conv2d(sch, blocks[ci])
+        if info is None:
+            return None
+        padded_oc = padding_pays(sch, blocks[ci], info, blocks[:ci], host_vector(host), as_target(target))
+        if padded_oc is None:
+            return None
+        name = sch.get(blocks[ci]).name_hint
+        padded = pad_conv_output_channels(func, name, info.weight_buf, padded_oc)
+        if padded is None:
+            return None
+        sch = s_tir.Schedule(tvm.IRModule({"main": padded}))
+        blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint != WEIGHT_PAD_BLOCK]
+        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
+        pool = match_pool(sch, blocks[reductions[1]]) if len(reductions) == 2 else None
+        sch.annotate(sch.get_sblock(name), "ascendfuse.channel_pad",
+                     f"{info.out_dtype} channels padded for {host_vector(host).bits}-bit vectors")
+        chosen = []
+
+        def keep(_sch, default, _candidates):
+            chosen.append(default)         # the register block the padded weight is packed by
+            return default
+
+        if pool is None or self._schedule(sch, blocks, reductions, pool, target, host,
+                                          ConvOptions(tiles=keep)) is None or not chosen:
+            return None
+        pack_padded_weight(sch, padded, info.weight_buf, chosen[0].tiles.ocb)
+        return sch
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
@@ -120,7 +165,7 @@ class PoolRule(ScheduleRule):
             return None
         return self._schedule(sch, blocks, reductions, pool, target, host)
 
-    def _schedule(self, sch, blocks, reductions, pool: PoolBlock, target, host):
+    def _schedule(self, sch, blocks, reductions, pool: PoolBlock, target, host, conv_opts=DEFAULT_OPTIONS):
         pi = reductions[-1]
         start = 0
         if len(reductions) == 2:
@@ -131,7 +176,8 @@ class PoolRule(ScheduleRule):
                 end += 1
             conv_part = blocks[:end]
             # the conv and its elementwise epilogue: the conv rule's schedule, its result in a kernel buffer
-            if schedule_conv2d(sch, conv_part, ci, match_conv2d(sch, blocks[ci]), target, host_vector(host)) is None:
+            if schedule_conv2d(sch, conv_part, ci, match_conv2d(sch, blocks[ci]), target, host_vector(host),
+                               conv_opts) is None:
                 return None
             start = end
         prologue = [b for b in blocks[start:pi]]
