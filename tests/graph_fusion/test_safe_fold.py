@@ -7,6 +7,7 @@ import tvm
 from tvm import relax
 from tvm.relax import op
 
+from tests.helpers import assert_same_numbers
 from tvm_ascendfuse.graph_fusion.safe_fold import SafeFoldConstant, has_foldable_call, is_well_formed
 
 
@@ -119,3 +120,41 @@ def test_fold_constant_that_raises_leaves_the_module_unfolded():
     assert folded.same_as(mod) or is_well_formed(folded)
     inputs = [np.arange(16, dtype="float32").reshape(2, 8), np.array([4], "int64")]
     np.testing.assert_array_equal(run_vm(compile_ours(mod).executable, inputs), run_reference(mod, inputs))
+
+
+def _standardised_weight_module():
+    """NF-ResNet's weight standardisation: a multi-output op over a constant weight (folds to a tuple of
+    constants), one item of it reshaped to the conv's OIHW weight."""
+    rng = np.random.default_rng(1)
+    w = relax.const(rng.standard_normal((1, 8, 36)).astype("float32"))
+    gamma = relax.const(rng.uniform(0.5, 1.5, 8).astype("float32"))
+    beta = relax.const(np.zeros(8, "float32"))
+    mean = relax.const(np.zeros(8, "float32"))
+    var = relax.const(np.ones(8, "float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 10, 10), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            normed = bb.emit(op.nn.batch_norm(w, gamma, beta, mean, var, axis=1, training=True, momentum=1.0))
+            item = bb.emit(relax.TupleGetItem(normed, 0))
+            weight = bb.emit(op.reshape(item, (8, 4, 3, 3)))
+            out = bb.emit_output(op.nn.relu(op.nn.conv2d(x, weight, padding=1)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_an_item_of_a_folded_tuple_folds_on():
+    mod = _standardised_weight_module()
+    folded = SafeFoldConstant()(mod)
+    calls = _calls(folded)
+    assert "relax.nn.batch_norm" not in calls and "relax.reshape" not in calls, calls
+    conv = [e for e in _bound_calls(folded) if e.op.name == "relax.nn.conv2d"]
+    assert conv and isinstance(conv[0].args[1], tvm.ir.GenericConst)
+    assert_same_numbers(mod)
+
+
+def _bound_calls(mod):
+    found = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: found.append(e)
+                                    if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return found

@@ -62,6 +62,23 @@ def has_foldable_call(mod: tvm.IRModule) -> bool:
     return False
 
 
+def has_constant_item(mod: tvm.IRModule) -> bool:
+    """Whether some binding takes an item of a tuple of constants (directly or through a variable)."""
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        bound = {}
+        for block in getattr(func.body, "blocks", []):
+            for b in block.bindings:
+                if not isinstance(b, relax.VarBinding):
+                    continue
+                bound[b.var.__chandle__()] = b.value
+                v = b.value
+                if isinstance(v, relax.TupleGetItem) and _constant_like(v.tuple_value, bound):
+                    return True
+    return False
+
+
 def constant_bindings(func: relax.Function, keep: tuple = ()) -> list:
     """The dataflow bindings FoldConstant would fold: calls of ops whose arguments are constant(-like),
     directly or through such bindings, in binding order; calls of the ops in ``keep`` (and what is computed
@@ -181,6 +198,12 @@ class SafeFoldConstant(PyPass):
             return mod
         try:
             folded = self._fold(mod, self.keep)
+            if has_constant_item(folded):
+                # A multi-output op folds to a tuple of constants, and an item taken from it is not folded,
+                # nor is what is computed from it: NF-ResNet's weight standardisation (batch_norm over the
+                # weight, then a reshape to OIHW) left every conv reading a weight computed at run time and
+                # unpacked (17-58 GFLOP/s). Items of constant tuples become their constants, then fold on.
+                folded = self._fold(relax.transform.CanonicalizeBindings()(folded), self.keep)
         except Exception:  # noqa: BLE001 - an op whose legalizer raises (input shape known only at run time)
             return mod      # is left to LegalizeOps, which reports it (legalize.CheckedLegalizeOps)
         return folded if folded.same_as(mod) or is_well_formed(folded) else mod
