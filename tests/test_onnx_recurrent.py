@@ -229,13 +229,15 @@ LAYER_CASES = {
 
 @pytest.mark.parametrize("name", list(LAYER_CASES))
 def test_layer_kernel_matches_onnxruntime(name):
-    """A layer the whole-layer kernel takes is one launch (both directions in it), on the recurrence rule,
-    and agrees with onnxruntime."""
+    """A layer the whole-layer kernel takes is one launch (both directions in it), on the recurrence rule (the
+    rule the table predicts for it), and agrees with onnxruntime."""
     op, kw = LAYER_CASES[name]
     kw = dict(kw, seq=kw.get("seq", 7))
     result = check_against_ort(recurrent_model(op, **kw))
     layers = [k for k in result.report.kernels if k.get("rule") == "recurrence"]
     assert len(layers) == 1 and layers[0]["launches"] == 1, [(k.get("rule"), k["ops"]) for k in result.report.kernels]
+    # the rule table names the kernel's kind and predicts the rule that schedules it
+    assert (layers[0]["kinds"], layers[0]["predicted_rule"]) == ("S", "recurrence"), layers[0]
 
 
 def test_layer_kernel_reference_form_builds_with_tvm_alone():
