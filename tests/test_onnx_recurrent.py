@@ -174,7 +174,7 @@ def test_matches_onnxruntime(op, name, kw):
 
 
 # the whole-layer kernel (recurrence_kernel) takes the default activations without clip, sequence_lens,
-# peepholes or input_forget (GRU: linear_before_reset); these attributes keep a layer unrolled step by step
+# peepholes or input_forget; these attributes keep a layer unrolled step by step
 UNROLLED = {"LSTM": {"peepholes": True}, "GRU": {"linear_before_reset": 1, "clip": 50.0}, "RNN": {"clip": 50.0}}
 
 
@@ -222,6 +222,10 @@ LAYER_CASES = {
                                                    initial=True)),
     "GRU-reverse_layout1_no_bias": ("GRU", dict(direction="reverse", linear_before_reset=1, layout=1, bias=False,
                                                 hidden=32, batch=2)),
+    # without linear_before_reset (ONNX's default): two passes over the panels a step, still one kernel
+    "GRU-lbr0_bidirectional_three_panels": ("GRU", dict(direction="bidirectional", hidden=48, initial=True)),
+    "GRU-lbr0_reverse_layout1_batch2": ("GRU", dict(direction="reverse", layout=1, hidden=32, batch=2, initial=True)),
+    "GRU-lbr0_no_bias_units20": ("GRU", dict(bias=False, hidden=40, batch=1)),
     "RNN-bidirectional_two_panels": ("RNN", dict(direction="bidirectional", hidden=256, batch=1, initial=True)),
     "RNN-reverse_layout1": ("RNN", dict(direction="reverse", layout=1, hidden=24, initial=True)),
 }

@@ -3,11 +3,11 @@
 TVM 0.27's ONNX importer has none of the three; ``onnx_symbolic.SymbolicShapeImporter`` (the importer of
 ``import_onnx``) adds these converters to TVM's convert map.
 
-A layer with the default activations and none of clip, ``sequence_lens``, peepholes, ``input_forget`` (a
-GRU: with ``linear_before_reset``) is one kernel (``recurrent_layer``, which the PyTorch converters share):
-the input projection of every step and both directions as one GEMM, then the whole step loop of both
-directions inside one kernel, scheduled by the recurrence rule. Any other layer is unrolled, written the way
-the fusion phases take it:
+A layer with the default activations and none of clip, ``sequence_lens``, peepholes, ``input_forget`` is one
+kernel (``recurrent_layer``, which the PyTorch converters share): the input projection of every step and
+both directions as one GEMM, then the whole step loop of both directions inside one kernel, scheduled by the
+recurrence rule (a GRU without ``linear_before_reset``: two passes over the weight a step). Any other layer
+is unrolled, written the way the fusion phases take it:
 
 * the input projection of every time step is one GEMM in front of the loop: ``X`` as ``(seq * batch)``
   rows times ``W^T``, plus ``Wb`` and (where the formula allows it) ``Rb``, which are folded into one bias;
@@ -372,9 +372,10 @@ class GRU(_Recurrent):
 
     @classmethod
     def _layer_kind(cls, attr, acts, clip, seq_lens, peep, dtype):
-        if not int(attr.get("linear_before_reset", 0)):
-            return None          # (r * h) @ Rh^T needs every unit's r before the product: not one pass
-        return super()._layer_kind(attr, acts, clip, seq_lens, peep, dtype)
+        kind = super()._layer_kind(attr, acts, clip, seq_lens, peep, dtype)
+        if kind is not None and not int(attr.get("linear_before_reset", 0)):
+            return "gru_lbr0"    # (r * h) @ Rh^T needs every unit's r before the product: two passes a step
+        return kind
 
     @classmethod
     def _weights(cls, ctx, wd, rd, wb, rb, peep, d):

@@ -45,7 +45,7 @@ from tvm.script import tirx as T
 from .schedule.fast_math import fast_sigmoid_expr
 
 ATTR = "ascendfuse.recurrence"
-GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+GATES = {"lstm": 4, "gru": 3, "gru_lbr0": 3, "rnn": 1}
 # Columns of one panel at most: eight AVX-512 vectors of accumulators per row (the GEMV rule's panel).
 MAX_PANEL_COLUMNS = 128
 # Accumulator vectors of one panel at most, over its batch rows (AVX-512 has 32 registers: the rest hold the
@@ -58,7 +58,7 @@ K_UNROLL = 4
 class LayerSpec:
     """One layer (one or both directions): the kernel's shapes and the direction(s) it walks the steps in."""
 
-    kind: str          # lstm, gru (linear_before_reset), rnn
+    kind: str          # lstm, gru (linear_before_reset), gru_lbr0 (without it), rnn
     steps: int
     batch: int
     hidden: int
@@ -105,10 +105,12 @@ def layer_kernel(spec: LayerSpec, scheduled: bool, cores: int = 1, lanes: int = 
     form's order for one core) or its scheduled form (its panels in ``cores`` parallel chunks; the panel's
     accumulators as unrolled vectors of at most ``lanes`` float32: one register each, so they stay in
     registers across the k loop)."""
-    make = {"lstm": _lstm, "gru": _gru, "rnn": _rnn}[spec.kind]
+    make = {"lstm": _lstm, "gru": _gru, "gru_lbr0": _gru_lbr0, "rnn": _rnn}[spec.kind]
     # private: the module names it (a TVMScript function carries its Python name as its global symbol, the
     # same for every direction and shape)
-    func = make(spec, scheduled, cores if scheduled else 1, math.gcd(spec.gates * spec.units, lanes) if scheduled else 1)
+    # (gru_lbr0's second product has units columns only: its vectors divide those)
+    width = spec.units if spec.kind == "gru_lbr0" else spec.gates * spec.units
+    func = make(spec, scheduled, cores if scheduled else 1, math.gcd(width, lanes) if scheduled else 1)
     func = func.without_attr("global_symbol")
     return func.with_attr(ATTR, spec.encode()).with_attr("tirx.noalias", True)
 
@@ -253,6 +255,80 @@ def _gru(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
                                         proj[time(s, dp // P) * B + b, dp * GU + uu] + acc[b, uu]) * (
                                         hl[b, dp % P * U + uu] - acc[b, 2 * U + uu])
     return gru_layer
+
+
+def _gru_lbr0(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
+    """GRU without ``linear_before_reset`` (ONNX's default): ``n = tanh(x Wn + (r * h) Rn^T + b)`` needs every
+    unit's reset gate before its product, so a step is two passes over the panels, each its own parallel
+    region (the end of the first is the barrier the second needs): z and r of every unit (the panel's first
+    2 x units columns), stored with ``r * h`` in the kernel's scratch; then ``(r * h) @ Rn^T`` (the panel's
+    last units columns), the candidate and the new state. Every bias is in ``proj`` (without
+    linear_before_reset Rbn adds to the product, not under r)."""
+    S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
+    GU, N = 3 * U, 3 * H
+    KU = K_UNROLL if H % K_UNROLL == 0 else 1
+    par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
+    C, Q, zigzag = _chunks(spec, cores)
+    time, before = _time(spec)
+
+    @T.prim_func(s_tir=True)
+    def gru_lbr0_layer(proj: T.Buffer((S * B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
+                       h0: T.Buffer((D, B, H), "float32"), y: T.Buffer((S, D, B, H), "float32")):
+        with T.sblock("root"):
+            with T.sblock("recurrence"):
+                T.reads(proj[0:S * B, 0:D * N], w[0:D, 0:P, 0:H, 0:GU], h0[0:D, 0:B, 0:H], y[0:S, 0:D, 0:B, 0:H])
+                T.writes(y[0:S, 0:D, 0:B, 0:H])
+                # the update gate and r * h of the step, shared by all panels between the two passes
+                z = T.decl_buffer((D, B, H), "float32")
+                rh = T.decl_buffer((D, B, H), "float32")
+                for s in T.serial(S):
+                    for cq in par(C):
+                        for qi in T.serial(Q):
+                            dp = zigzag(s, cq, qi)
+                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            acc = T.decl_buffer((B, 2 * U), "float32", scope="local")
+                            for b, k in T.grid(B, H):
+                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
+                            for b in unr(B):
+                                for jo in unr(2 * U // L):
+                                    for jl in vec(L):
+                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + jo * L + jl]
+                            for ko in T.serial(H // KU):
+                                for ki in unr(KU):
+                                    for b in unr(B):
+                                        for jo in unr(2 * U // L):
+                                            for jl in vec(L):
+                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
+                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            for b in unr(B):
+                                for uu in vec(U):
+                                    z[dp // P, b, dp % P * U + uu] = sig(acc[b, uu])
+                                    rh[dp // P, b, dp % P * U + uu] = sig(acc[b, U + uu]) * hl[b, dp % P * U + uu]
+                    for cq in par(C):
+                        for qi in T.serial(Q):
+                            dp = zigzag(s + 1, cq, qi)
+                            acc = T.decl_buffer((B, U), "float32", scope="local")
+                            for b in unr(B):
+                                for jo in unr(U // L):
+                                    for jl in vec(L):
+                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + 2 * U + jo * L + jl]
+                            for ko in T.serial(H // KU):
+                                for ki in unr(KU):
+                                    for b in unr(B):
+                                        for jo in unr(U // L):
+                                            for jl in vec(L):
+                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + rh[
+                                                    dp // P, b, ko * KU + ki] * w[dp // P, dp % P, ko * KU + ki,
+                                                                                  2 * U + jo * L + jl]
+                            for b in unr(B):
+                                for uu in vec(U):
+                                    # h' = n + z (h - n), n = tanh(acc) kept in acc
+                                    acc[b, uu] = tanh(acc[b, uu])
+                                    y[time(s, dp // P), dp // P, b, dp % P * U + uu] = acc[b, uu] + z[
+                                        dp // P, b, dp % P * U + uu] * (T.if_then_else(
+                                            s == 0, h0[dp // P, b, dp % P * U + uu],
+                                            y[before(s, dp // P), dp // P, b, dp % P * U + uu]) - acc[b, uu])
+    return gru_lbr0_layer
 
 
 def _rnn(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:

@@ -19,6 +19,7 @@ from .recurrence_kernel import LayerSpec, layer_kernel, panel_units
 GATES = {
     "lstm": ("input", "output", "forget", "cell"),
     "gru": ("update", "reset", "new"),
+    "gru_lbr0": ("update", "reset", "new"),   # without linear_before_reset: Rb of n adds to the projection
     "rnn": ("hidden",),
 }
 
