@@ -154,13 +154,56 @@ def _time(spec: LayerSpec):
     return time, before
 
 
+def _panel_steps(spec: LayerSpec, scheduled: bool, L: int):
+    """What every kernel's panel does in a step, as TVMScript macros of the form's loops: ``load_state`` the
+    previous hidden state (the initial one at step 0) into ``hl`` (1, batch, hidden); ``start`` the
+    accumulators (batch, n) from the step's projection columns ``col:col + n`` of the panel; ``clear`` them;
+    ``product`` adds ``h[d] @ w`` over the panel's weight columns ``col:col + n``, with ``k`` unrolled and
+    the accumulators as vectors of ``L`` lanes."""
+    B, H, P = spec.batch, spec.hidden, spec.panels
+    GU = spec.gates * spec.units
+    KU = K_UNROLL if H % K_UNROLL == 0 else 1
+    _, vec, unr, _, _ = _loops(spec, scheduled, 1)
+    time, before = _time(spec)
+
+    @T.macro
+    def load_state(hl, h0, y, s, dp):
+        for b, k in T.grid(B, H):
+            hl[0, b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
+
+    @T.macro
+    def start(acc, proj, s, dp, col, n):
+        for b in unr(B):
+            for jo in unr(n // L):
+                for jl in vec(L):
+                    acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + col + jo * L + jl]
+
+    @T.macro
+    def clear(acc, n):
+        for b in unr(B):
+            for jo in unr(n // L):
+                for jl in vec(L):
+                    acc[b, jo * L + jl] = T.float32(0.0)
+
+    @T.macro
+    def product(acc, h, d, w, dp, col, n):
+        for ko in T.serial(H // KU):
+            for ki in unr(KU):
+                for b in unr(B):
+                    for jo in unr(n // L):
+                        for jl in vec(L):
+                            acc[b, jo * L + jl] = acc[b, jo * L + jl] + h[d, b, ko * KU + ki] * w[
+                                dp // P, dp % P, ko * KU + ki, col + jo * L + jl]
+    return load_state, start, clear, product
+
+
 def _lstm(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     GU, N = 4 * U, 4 * H
-    KU = K_UNROLL if H % K_UNROLL == 0 else 1
     par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
     C, Q, zigzag = _chunks(spec, cores)
-    time, before = _time(spec)
+    time, _ = _time(spec)
+    load_state, start, _, product = _panel_steps(spec, scheduled, L)
 
     # The cell state is updated in place in ``c`` (a unit's cell is read and written by its own panel only);
     # its new value is read back for h (a Let inside a vectorised loop would hold one lane, TVM 0.27).
@@ -181,21 +224,11 @@ def _lstm(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc
                     for cq in par(C):
                         for qi in T.serial(Q):
                             dp = zigzag(s, cq, qi)
-                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            hl = T.decl_buffer((1, B, H), "float32", scope="local")
                             acc = T.decl_buffer((B, GU), "float32", scope="local")
-                            for b, k in T.grid(B, H):
-                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                            for b in unr(B):
-                                for jo in unr(GU // L):
-                                    for jl in vec(L):
-                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + jo * L + jl]
-                            for ko in T.serial(H // KU):
-                                for ki in unr(KU):
-                                    for b in unr(B):
-                                        for jo in unr(GU // L):
-                                            for jl in vec(L):
-                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            load_state(hl, h0, y, s, dp)
+                            start(acc, proj, s, dp, 0, GU)
+                            product(acc, hl, 0, w, dp, 0, GU)
                             for b in unr(B):
                                 for uu in vec(U):
                                     c[dp // P, b, dp % P * U + uu] = (
@@ -208,13 +241,13 @@ def _lstm(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc
 
 def _gru(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     """GRU with ``linear_before_reset``: the reset gate multiplies ``h @ Rh^T + Rbh``, so one product per
-    step covers all three gates (without it, ``(r * h) @ Rh^T`` needs every unit's r first: two passes)."""
+    step covers all three gates (without it: ``_gru_lbr0``)."""
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     GU, N = 3 * U, 3 * H
-    KU = K_UNROLL if H % K_UNROLL == 0 else 1
     par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
     C, Q, zigzag = _chunks(spec, cores)
-    time, before = _time(spec)
+    time, _ = _time(spec)
+    load_state, _, clear, product = _panel_steps(spec, scheduled, L)
 
     @T.prim_func(s_tir=True)
     def gru_layer(proj: T.Buffer((S * B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
@@ -229,21 +262,11 @@ def _gru(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
                     for cq in par(C):
                         for qi in T.serial(Q):
                             dp = zigzag(s, cq, qi)
-                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            hl = T.decl_buffer((1, B, H), "float32", scope="local")
                             acc = T.decl_buffer((B, GU), "float32", scope="local")
-                            for b, k in T.grid(B, H):
-                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                            for b in unr(B):
-                                for jo in unr(GU // L):
-                                    for jl in vec(L):
-                                        acc[b, jo * L + jl] = T.float32(0.0)
-                            for ko in T.serial(H // KU):
-                                for ki in unr(KU):
-                                    for b in unr(B):
-                                        for jo in unr(GU // L):
-                                            for jl in vec(L):
-                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            load_state(hl, h0, y, s, dp)
+                            clear(acc, GU)
+                            product(acc, hl, 0, w, dp, 0, GU)
                             for b in unr(B):
                                 for uu in vec(U):
                                     # the candidate n replaces its product in acc; then h' = n + z (h - n)
@@ -253,7 +276,7 @@ def _gru(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
                                         * (acc[b, 2 * U + uu] + rbh[dp // P, dp % P * U + uu]))
                                     y[time(s, dp // P), dp // P, b, dp % P * U + uu] = acc[b, 2 * U + uu] + sig(
                                         proj[time(s, dp // P) * B + b, dp * GU + uu] + acc[b, uu]) * (
-                                        hl[b, dp % P * U + uu] - acc[b, 2 * U + uu])
+                                        hl[0, b, dp % P * U + uu] - acc[b, 2 * U + uu])
     return gru_layer
 
 
@@ -266,10 +289,10 @@ def _gru_lbr0(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.Prim
     linear_before_reset Rbn adds to the product, not under r)."""
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     GU, N = 3 * U, 3 * H
-    KU = K_UNROLL if H % K_UNROLL == 0 else 1
     par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
     C, Q, zigzag = _chunks(spec, cores)
     time, before = _time(spec)
+    load_state, start, _, product = _panel_steps(spec, scheduled, L)
 
     @T.prim_func(s_tir=True)
     def gru_lbr0_layer(proj: T.Buffer((S * B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
@@ -285,41 +308,21 @@ def _gru_lbr0(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.Prim
                     for cq in par(C):
                         for qi in T.serial(Q):
                             dp = zigzag(s, cq, qi)
-                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            hl = T.decl_buffer((1, B, H), "float32", scope="local")
                             acc = T.decl_buffer((B, 2 * U), "float32", scope="local")
-                            for b, k in T.grid(B, H):
-                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                            for b in unr(B):
-                                for jo in unr(2 * U // L):
-                                    for jl in vec(L):
-                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + jo * L + jl]
-                            for ko in T.serial(H // KU):
-                                for ki in unr(KU):
-                                    for b in unr(B):
-                                        for jo in unr(2 * U // L):
-                                            for jl in vec(L):
-                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            load_state(hl, h0, y, s, dp)
+                            start(acc, proj, s, dp, 0, 2 * U)
+                            product(acc, hl, 0, w, dp, 0, 2 * U)
                             for b in unr(B):
                                 for uu in vec(U):
                                     z[dp // P, b, dp % P * U + uu] = sig(acc[b, uu])
-                                    rh[dp // P, b, dp % P * U + uu] = sig(acc[b, U + uu]) * hl[b, dp % P * U + uu]
+                                    rh[dp // P, b, dp % P * U + uu] = sig(acc[b, U + uu]) * hl[0, b, dp % P * U + uu]
                     for cq in par(C):
                         for qi in T.serial(Q):
                             dp = zigzag(s + 1, cq, qi)
                             acc = T.decl_buffer((B, U), "float32", scope="local")
-                            for b in unr(B):
-                                for jo in unr(U // L):
-                                    for jl in vec(L):
-                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + 2 * U + jo * L + jl]
-                            for ko in T.serial(H // KU):
-                                for ki in unr(KU):
-                                    for b in unr(B):
-                                        for jo in unr(U // L):
-                                            for jl in vec(L):
-                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + rh[
-                                                    dp // P, b, ko * KU + ki] * w[dp // P, dp % P, ko * KU + ki,
-                                                                                  2 * U + jo * L + jl]
+                            start(acc, proj, s, dp, 2 * U, U)
+                            product(acc, rh, dp // P, w, dp, 2 * U, U)
                             for b in unr(B):
                                 for uu in vec(U):
                                     # h' = n + z (h - n), n = tanh(acc) kept in acc
@@ -333,10 +336,10 @@ def _gru_lbr0(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.Prim
 
 def _rnn(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
-    KU = K_UNROLL if H % K_UNROLL == 0 else 1
     par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
     C, Q, zigzag = _chunks(spec, cores)
-    time, before = _time(spec)
+    time, _ = _time(spec)
+    load_state, start, _, product = _panel_steps(spec, scheduled, L)
 
     @T.prim_func(s_tir=True)
     def rnn_layer(proj: T.Buffer((S * B, D * H), "float32"), w: T.Buffer((D, P, H, U), "float32"),
@@ -349,21 +352,11 @@ def _rnn(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
                     for cq in par(C):
                         for qi in T.serial(Q):
                             dp = zigzag(s, cq, qi)
-                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            hl = T.decl_buffer((1, B, H), "float32", scope="local")
                             acc = T.decl_buffer((B, U), "float32", scope="local")
-                            for b, k in T.grid(B, H):
-                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                            for b in unr(B):
-                                for jo in unr(U // L):
-                                    for jl in vec(L):
-                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * U + jo * L + jl]
-                            for ko in T.serial(H // KU):
-                                for ki in unr(KU):
-                                    for b in unr(B):
-                                        for jo in unr(U // L):
-                                            for jl in vec(L):
-                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            load_state(hl, h0, y, s, dp)
+                            start(acc, proj, s, dp, 0, U)
+                            product(acc, hl, 0, w, dp, 0, U)
                             for b in unr(B):
                                 for uu in vec(U):
                                     y[time(s, dp // P), dp // P, b, dp % P * U + uu] = tanh(acc[b, uu])
