@@ -244,15 +244,16 @@ def test_layer_kernel_matches_onnxruntime(name):
     assert (layers[0]["kinds"], layers[0]["predicted_rule"]) == ("S", "recurrence"), layers[0]
 
 
-def test_layer_kernel_reference_form_builds_with_tvm_alone():
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_layer_kernel_reference_form_builds_with_tvm_alone(op):
     """The converter's kernel is plain TIR: TVM's default pipeline builds the imported model as it is (what
-    ``verify`` compares against) and agrees with onnxruntime."""
+    ``verify`` compares against) and agrees with onnxruntime (the GRU: two passes a step, with its scratch)."""
     from tests.helpers import run_reference
 
-    model = recurrent_model("LSTM", direction="bidirectional", hidden=40, batch=2, initial=True)
+    model = recurrent_model(op, direction="bidirectional", hidden=40, batch=2, initial=True)
     feeds = _inputs(model, None)
     got = run_reference(import_onnx(model), [feeds["X"]])
-    for name, g, w in zip(OUTPUTS["LSTM"], got, onnxruntime_outputs(model, feeds)):
+    for name, g, w in zip(OUTPUTS[op], got, onnxruntime_outputs(model, feeds)):
         assert_close(g, w, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
