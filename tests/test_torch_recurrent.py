@@ -92,7 +92,8 @@ def test_float64_is_refused_by_name():
     from tvm_ascendfuse.errors import UnsupportedOpError
 
     model = torch.nn.GRU(INPUT, HIDDEN).double().eval()
-    with pytest.raises(UnsupportedOpError, match=r"aten\.gru '.*' on float64: recurrent layers are supported in float32"):
+    with pytest.raises(UnsupportedOpError,
+                       match=r"aten\.gru '.*' on float64: recurrent layers are supported in float32"):
         af.from_torch(model, (torch.randn(SEQ, BATCH, INPUT, dtype=torch.float64),))
 
 
