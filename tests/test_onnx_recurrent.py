@@ -174,7 +174,7 @@ def test_matches_onnxruntime(op, name, kw):
 
 
 # the whole-layer kernel (recurrence_kernel) takes the default activations without clip, sequence_lens,
-# peepholes or input_forget (GRU: linear_before_reset); these attributes keep a layer unrolled step by step
+# peepholes or input_forget; these attributes keep a layer unrolled step by step
 UNROLLED = {"LSTM": {"peepholes": True}, "GRU": {"linear_before_reset": 1, "clip": 50.0}, "RNN": {"clip": 50.0}}
 
 
@@ -222,6 +222,10 @@ LAYER_CASES = {
                                                    initial=True)),
     "GRU-reverse_layout1_no_bias": ("GRU", dict(direction="reverse", linear_before_reset=1, layout=1, bias=False,
                                                 hidden=32, batch=2)),
+    # without linear_before_reset (ONNX's default): two passes over the panels a step, still one kernel
+    "GRU-lbr0_bidirectional_three_panels": ("GRU", dict(direction="bidirectional", hidden=48, initial=True)),
+    "GRU-lbr0_reverse_layout1_batch2": ("GRU", dict(direction="reverse", layout=1, hidden=32, batch=2, initial=True)),
+    "GRU-lbr0_no_bias_units20": ("GRU", dict(bias=False, hidden=40, batch=1)),
     "RNN-bidirectional_two_panels": ("RNN", dict(direction="bidirectional", hidden=256, batch=1, initial=True)),
     "RNN-reverse_layout1": ("RNN", dict(direction="reverse", layout=1, hidden=24, initial=True)),
 }
@@ -229,24 +233,27 @@ LAYER_CASES = {
 
 @pytest.mark.parametrize("name", list(LAYER_CASES))
 def test_layer_kernel_matches_onnxruntime(name):
-    """A layer the whole-layer kernel takes is one launch (both directions in it), on the recurrence rule,
-    and agrees with onnxruntime."""
+    """A layer the whole-layer kernel takes is one launch (both directions in it), on the recurrence rule (the
+    rule the table predicts for it), and agrees with onnxruntime."""
     op, kw = LAYER_CASES[name]
     kw = dict(kw, seq=kw.get("seq", 7))
     result = check_against_ort(recurrent_model(op, **kw))
     layers = [k for k in result.report.kernels if k.get("rule") == "recurrence"]
     assert len(layers) == 1 and layers[0]["launches"] == 1, [(k.get("rule"), k["ops"]) for k in result.report.kernels]
+    # the rule table names the kernel's kind and predicts the rule that schedules it
+    assert (layers[0]["kinds"], layers[0]["predicted_rule"]) == ("S", "recurrence"), layers[0]
 
 
-def test_layer_kernel_reference_form_builds_with_tvm_alone():
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_layer_kernel_reference_form_builds_with_tvm_alone(op):
     """The converter's kernel is plain TIR: TVM's default pipeline builds the imported model as it is (what
-    ``verify`` compares against) and agrees with onnxruntime."""
+    ``verify`` compares against) and agrees with onnxruntime (the GRU: two passes a step, with its scratch)."""
     from tests.helpers import run_reference
 
-    model = recurrent_model("LSTM", direction="bidirectional", hidden=40, batch=2, initial=True)
+    model = recurrent_model(op, direction="bidirectional", hidden=40, batch=2, initial=True)
     feeds = _inputs(model, None)
     got = run_reference(import_onnx(model), [feeds["X"]])
-    for name, g, w in zip(OUTPUTS["LSTM"], got, onnxruntime_outputs(model, feeds)):
+    for name, g, w in zip(OUTPUTS[op], got, onnxruntime_outputs(model, feeds)):
         assert_close(g, w, rtol=1e-4, atol=1e-4, err_msg=name)
 
 

@@ -36,7 +36,7 @@ def test_table_order_is_the_schedule_phase_order():
     ("eRG", False, "matmul"), ("LLLeRGE", False, "matmul"), ("eLP", False, "pool"), ("lCEE", False, "conv2d"),
     ("lQEE", False, "grouped-conv2d"), ("lDEE", False, "fallback"), ("pEEE", False, "fallback"),
     ("DELR", False, "fallback"), ("DEELER", False, "fallback"), ("DELRE", False, "fallback"),
-    ("eR", False, "fallback"), ("ErR", False, "fallback"), ("O", False, "fallback")])
+    ("eR", False, "fallback"), ("ErR", False, "fallback"), ("O", False, "fallback"), ("S", False, "recurrence")])
 def test_prediction_from_kinds(kinds, chained, rule):
     assert predict_rule(GroupShape(kinds, chained)).name == rule
 
@@ -81,6 +81,16 @@ def _op_kind_of(build, shapes):
     (lambda x: op.permute_dims(x, [1, 0]), [(4, 8)], "L")])
 def test_op_kind_letters(build, shapes, kind):
     assert _op_kind_of(build, shapes) == kind
+
+
+def test_recurrent_layer_kernel_is_its_own_kind():
+    """The layer kernel the recurrent converters write is ``S`` by its tag (its one opaque block would read as
+    layout, predicted elementwise); the same function untagged is not."""
+    from tvm_ascendfuse.recurrence_kernel import ATTR, LayerSpec, layer_kernel
+
+    func = layer_kernel(LayerSpec("gru", 3, 1, 32, 16, 2, False), scheduled=False)
+    assert op_kind(func) == "S"
+    assert op_kind(func.without_attr(ATTR)) != "S"
 
 
 # ---- the prediction against the schedule phase, kernel by kernel ---------------------------------------------

@@ -121,8 +121,8 @@ def test_cli_compiles_pt2_with_verify(tmp_path, capsys):
 
 @pytest.mark.parametrize("kind,layers,bidirectional", [("LSTM", 2, False), ("GRU", 1, True)])
 def test_recurrent_modules_match_eager(kind, layers, bidirectional):
-    """nn.LSTM / nn.GRU through TVM's PyTorch translation (unrolled): each step's recurrent product and its
-    gates in one kernel on the GEMV rule, as the ONNX import gives (onnx_recurrent)."""
+    """nn.LSTM / nn.GRU: one layer kernel per layer, as the ONNX import gives (torch_recurrent; the variants:
+    test_torch_recurrent.py)."""
     torch.manual_seed(0)
     rnn = getattr(torch.nn, kind)(6, 8, num_layers=layers, batch_first=True, bidirectional=bidirectional)
 
@@ -137,6 +137,5 @@ def test_recurrent_modules_match_eager(kind, layers, bidirectional):
     model, args = Outputs().eval(), (torch.randn(1, 3, 6),)
     result = af.compile_model(af.from_torch(model, args), portable=True)
     assert_close(run_vm(result.executable, [a.numpy() for a in args]), eager(model, args), rtol=1e-4, atol=1e-4)
-    steps = [k for k in result.report.kernels if any(str(op).startswith("matmul") for op in k["ops"])
-             and any("sigmoid" in str(op) for op in k["ops"])]
-    assert steps and all(k.get("rule") == "gemv" for k in steps), [(k.get("rule"), k["ops"]) for k in steps]
+    kernels = [k for k in result.report.kernels if k.get("rule") == "recurrence"]
+    assert sum(k["launches"] for k in kernels) == layers, [(k.get("rule"), k["ops"]) for k in result.report.kernels]

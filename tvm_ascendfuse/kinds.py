@@ -7,7 +7,9 @@ Each call_tir the grouping sees launches one legalized op; ``op_kind`` names it 
   ``Q`` grouped conv2d (two or more output channels per group),
 * ``G`` a GEMM (matmul / batched matmul / dense), ``K`` any other product (conv3d, transposed conv, ...),
 * ``T`` several products in one op (``nn.attention``), ``F`` the flash-decoding attention kernel a graph pass
-  emits (``flash_decode.py``: recognised by its blocks; a kernel of its own that nothing fuses into),
+  emits (``flash_decode.py``: recognised by its blocks; a kernel of its own that nothing fuses into), ``S`` a
+  whole recurrent layer, its step loop inside, that the recurrent converters write (``recurrence_kernel.py``:
+  recognised by its tag; a kernel of its own too),
 * ``P`` a window reduction over the H, W planes of an NCHW tensor (max/avg pooling), ``M`` the same over
   whole planes into (N, C, 1, 1) (a global pool, the mean of a squeeze-excitation), ``R`` any other
   reduction (norms, softmax, sums, means over other axes, arg-max),
@@ -31,14 +33,16 @@ import tvm_ffi
 from tvm import s_tir, sym, tirx
 
 from . import flash_decode
+from .recurrence_kernel import ATTR as _RECURRENCE_ATTR
 
 LOAD = tvm.ir.expr.TensorLoad
 
 CONV, DEPTHWISE_CONV, GROUPED_CONV, GEMM, PRODUCT, MULTI_PRODUCT, FLASH_DECODE = "C", "D", "Q", "G", "K", "T", "F"
+RECURRENCE = "S"
 POOL, PLANE_POOL, REDUCTION, ELEMENTWISE, LAYOUT, OPAQUE = "P", "M", "R", "E", "L", "O"
 KIND_NAMES = {CONV: "conv2d", DEPTHWISE_CONV: "depthwise conv2d", GROUPED_CONV: "grouped conv2d", GEMM: "GEMM",
               PRODUCT: "other product", MULTI_PRODUCT: "several products", FLASH_DECODE: "flash-decoding attention",
-              POOL: "window pool",
+              RECURRENCE: "recurrent layer", POOL: "window pool",
               PLANE_POOL: "whole-plane pool", REDUCTION: "reduction", ELEMENTWISE: "elementwise",
               LAYOUT: "layout (injective)", OPAQUE: "opaque"}
 
@@ -441,6 +445,8 @@ def op_kind(func) -> str:
     """The kind letter of one legalized op's PrimFunc (see the module docstring)."""
     if not isinstance(func, tirx.PrimFunc) or not isinstance(func.body, s_tir.SBlockRealize):
         return OPAQUE
+    if func.attrs is not None and _RECURRENCE_ATTR in func.attrs:
+        return RECURRENCE
     blocks = func_blocks(func)
     if not blocks:
         return OPAQUE

@@ -3,10 +3,11 @@
 TVM 0.27's ONNX importer has none of the three; ``onnx_symbolic.SymbolicShapeImporter`` (the importer of
 ``import_onnx``) adds these converters to TVM's convert map.
 
-A layer with the default activations and none of clip, ``sequence_lens``, peepholes, ``input_forget`` (a
-GRU: with ``linear_before_reset``) is one kernel (``recurrence_kernel``): the input projection of every step
-and both directions as one GEMM, then the whole step loop of both directions inside one kernel, scheduled by
-the recurrence rule. Any other layer is unrolled, written the way the fusion phases take it:
+A layer with the default activations and none of clip, ``sequence_lens``, peepholes, ``input_forget`` is one
+kernel (``recurrent_layer``, which the PyTorch converters share): the input projection of every step and
+both directions as one GEMM, then the whole step loop of both directions inside one kernel, scheduled by the
+recurrence rule (a GRU without ``linear_before_reset``: two passes over the weight a step). Any other layer
+is unrolled, written the way the fusion phases take it:
 
 * the input projection of every time step is one GEMM in front of the loop: ``X`` as ``(seq * batch)``
   rows times ``W^T``, plus ``Wb`` and (where the formula allows it) ``Rb``, which are folded into one bias;
@@ -33,7 +34,7 @@ from tvm.relax import op as _op
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from .errors import UnsupportedOpError
-from .recurrence_kernel import LayerSpec, layer_kernel, panel_units
+from .recurrent_layer import whole_layer
 
 # name (lower case) -> (alphas taken, betas taken, default alpha, default beta); None: no default (required)
 _ACTIVATION_ARGS = {
@@ -186,7 +187,6 @@ class _Recurrent(OnnxOpConverter):
         # X as (seq, batch, input)
         if layout == 1:
             x = bb.emit(_op.reshape(x, (seq, batch, in_size)) if batch == 1 else _op.permute_dims(x, [1, 0, 2]))
-        rows = bb.emit(_op.reshape(x, (seq * batch, in_size)))
 
         def state(init, d):
             if init is None:
@@ -204,12 +204,13 @@ class _Recurrent(OnnxOpConverter):
         ys, hs, cs = [], [], []
         layer = cls._layer_kind(attr, acts, clip, seq_lens, peep, dtype)
         if layer is not None:
-            y, y_h, y_c = cls._whole_layer(ctx, layer, rows, w, r, b, init_h, init_c, dirs, seq)
+            y, y_h, y_c = cls._whole_layer(ctx, layer, x, w, r, b, init_h, init_c, dirs)
             if layout == 1:
                 y = bb.emit(_op.permute_dims(y, [2, 0, 1, 3]))                   # (batch, seq, dirs, hidden)
                 y_h = bb.emit(_op.permute_dims(y_h, [1, 0, 2]))
                 y_c = bb.emit(_op.permute_dims(y_c, [1, 0, 2])) if y_c is not None else None
             return relax.Tuple([y, y_h, y_c] if cls.has_cell else [y, y_h])
+        rows = bb.emit(_op.reshape(x, (seq * batch, in_size)))
         for d, name in enumerate(dirs):
             wd = bb.emit(_op.squeeze(_op.strided_slice(w, [0], [d], [d + 1]), [0]))
             rd = bb.emit(_op.squeeze(_op.strided_slice(r, [0], [d], [d + 1]), [0]))
@@ -270,70 +271,22 @@ class _Recurrent(OnnxOpConverter):
             return None
         return cls.layer_kind
 
-    @classmethod
-    def _panel_order(cls, bb, m, hidden: int, units: int):
-        """Rows ``[gate, unit]`` of ``m`` (``(gates * hidden, k)`` or a vector) in the kernel's panel order
-        ``[panel, gate, unit in panel]``."""
-        g, panels = cls.gates, hidden // units
-        if m.ty.ndim == 1:
-            return bb.emit(_op.reshape(_op.permute_dims(_op.reshape(m, (g, panels, units)), [1, 0, 2]),
-                                       (g * hidden,)))
-        k = int(m.ty.shape[1])
-        return bb.emit(_op.reshape(_op.permute_dims(_op.reshape(m, (g, panels, units, k)), [1, 0, 2, 3]),
-                                   (g * hidden, k)))
+    # the gate blocks of W, R and B in ONNX's order (``recurrent_layer.GATES`` names)
+    gate_order: tuple = ()
 
     @classmethod
-    def _whole_layer(cls, ctx, kind, rows, w, r, b, init_h, init_c, dirs, seq):
-        """The layer as one kernel (``recurrence_kernel``), both directions in it: the projection of every
-        step of every direction as one GEMM (columns per direction in panel order), then the kernel with the
-        step loop inside. (Y (seq, dirs, batch, hidden), Y_h (dirs, batch, hidden), Y_c or None)."""
-        bb, dtype, hidden, batch, layout = ctx["bb"], ctx["dtype"], ctx["hidden"], ctx["batch"], ctx["layout"]
-        g, nd = cls.gates, len(dirs)
-        spec = LayerSpec(kind, seq, batch, hidden, panel_units(hidden, g, batch), nd, dirs == ["reverse"])
-        units, panels = spec.units, spec.panels
+    def _whole_layer(cls, ctx, kind, x, w, r, b, init_h, init_c, dirs):
+        """The layer as one kernel (``recurrent_layer``), both directions in it. (Y (seq, dirs, batch,
+        hidden), Y_h (dirs, batch, hidden), Y_c or None)."""
+        bb, layout, gh = ctx["bb"], ctx["layout"], cls.gates * ctx["hidden"]
+        wb = rb = None
         if b is not None:
-            wb = bb.emit(_op.strided_slice(b, [1], [0], [g * hidden]))                  # (dirs, g * hidden)
-            rb = bb.emit(_op.strided_slice(b, [1], [g * hidden], [2 * g * hidden]))
-        else:
-            wb = rb = relax.const(np.zeros((nd, g * hidden), dtype), dtype)
-        rbh = None
-        if kind == "gru":
-            # Rb of z and r adds to the projection; Rb of h is multiplied by the reset gate (kernel input)
-            rbh = bb.emit(_op.strided_slice(rb, [1], [2 * hidden], [3 * hidden]))
-            rb = bb.emit(_op.concat([_op.strided_slice(rb, [1], [0], [2 * hidden]),
-                                     relax.const(np.zeros((nd, hidden), dtype), dtype)], 1))
-        # rows [dir, gate, panel, unit] -> [dir, panel, gate, unit]: the kernel's panel order
-        k_in = int(w.ty.shape[2])
-        w_rows = bb.emit(_op.reshape(_op.permute_dims(_op.reshape(w, (nd, g, panels, units, k_in)), [0, 2, 1, 3, 4]),
-                                     (nd * g * hidden, k_in)))
-        bias = bb.emit(_op.reshape(_op.permute_dims(_op.reshape(_op.add(wb, rb), (nd, g, panels, units)),
-                                                    [0, 2, 1, 3]), (nd * g * hidden,)))
-        # kept 2-D, (seq x batch) rows: a reshape to (seq, batch, ...) in its epilogue would make the GEMM
-        # rule see batch-1 products of one row each (a GEMV per step, a fifth of the GEMM speed on lstm2)
-        proj = bb.emit(_op.add(_op.matmul(rows, bb.emit(_op.permute_dims(w_rows, [1, 0]))), bias))
-        # R^T in panels: (dirs, panels, hidden_in, gates x units), each panel one contiguous block
-        packed = bb.emit(_op.reshape(_op.permute_dims(_op.reshape(r, (nd, g, panels, units, hidden)), [0, 2, 4, 1, 3]),
-                                     (nd, panels, hidden, g * units)))
+            wb = bb.emit(_op.strided_slice(b, [1], [0], [gh]))                  # (dirs, g * hidden)
+            rb = bb.emit(_op.strided_slice(b, [1], [gh], [2 * gh]))
 
         def state(init):
-            if init is None:
-                return relax.const(np.zeros((nd, batch, hidden), dtype), dtype)
-            return init if layout == 0 else bb.emit(_op.permute_dims(init, [1, 0, 2]))
-        gv = bb.add_func(layer_kernel(spec, scheduled=False), f"{kind}_layer")
-        y_ty = relax.TensorType((seq, nd, batch, hidden), dtype)
-        if kind == "lstm":
-            res = bb.emit(relax.call_tir(gv, relax.Tuple([proj, packed, state(init_h), state(init_c)]),
-                                         [y_ty, relax.TensorType((nd, batch, hidden), dtype)]))
-            y, y_c = bb.emit(relax.TupleGetItem(res, 0)), bb.emit(relax.TupleGetItem(res, 1))
-        else:
-            args = [proj, packed] + ([rbh] if kind == "gru" else []) + [state(init_h)]
-            y, y_c = bb.emit(relax.call_tir(gv, relax.Tuple(args), y_ty)), None
-        # Y_h: each direction's last step (time seq - 1 forward, 0 reverse)
-        last = [bb.emit(_op.strided_slice(y, [0, 1], [seq - 1 if name == "forward" else 0, d],
-                                          [seq if name == "forward" else 1, d + 1]))
-                for d, name in enumerate(dirs)]
-        y_h = bb.emit(_op.reshape(last[0] if nd == 1 else _op.concat(last, 1), (nd, batch, hidden)))
-        return y, y_h, y_c
+            return init if init is None or layout == 0 else bb.emit(_op.permute_dims(init, [1, 0, 2]))
+        return whole_layer(bb, kind, x, w, r, wb, rb, state(init_h), state(init_c), dirs, cls.gate_order)
 
     @classmethod
     def _weights(cls, ctx, wd, rd, wb, rb, peep, d) -> dict:
@@ -372,7 +325,7 @@ class LSTM(_Recurrent):
     """ONNX LSTM (gates i, o, f, c; peepholes i, o, f; ``input_forget``)."""
 
     op_type, gates, defaults, has_cell = "LSTM", 4, ["Sigmoid", "Tanh", "Tanh"], True
-    layer_kind = "lstm"
+    layer_kind, gate_order = "lstm", ("input", "output", "forget", "cell")
 
     @classmethod
     def _layer_kind(cls, attr, acts, clip, seq_lens, peep, dtype):
@@ -415,13 +368,14 @@ class GRU(_Recurrent):
     """ONNX GRU (gates z, r, h; ``linear_before_reset``)."""
 
     op_type, gates, defaults = "GRU", 3, ["Sigmoid", "Tanh"]
-    layer_kind = "gru"
+    layer_kind, gate_order = "gru", ("update", "reset", "new")
 
     @classmethod
     def _layer_kind(cls, attr, acts, clip, seq_lens, peep, dtype):
-        if not int(attr.get("linear_before_reset", 0)):
-            return None          # (r * h) @ Rh^T needs every unit's r before the product: not one pass
-        return super()._layer_kind(attr, acts, clip, seq_lens, peep, dtype)
+        kind = super()._layer_kind(attr, acts, clip, seq_lens, peep, dtype)
+        if kind is not None and not int(attr.get("linear_before_reset", 0)):
+            return "gru_lbr0"    # (r * h) @ Rh^T needs every unit's r before the product: two passes a step
+        return kind
 
     @classmethod
     def _weights(cls, ctx, wd, rd, wb, rb, peep, d):
@@ -482,7 +436,7 @@ class RNN(_Recurrent):
     """ONNX RNN (one gate)."""
 
     op_type, gates, defaults = "RNN", 1, ["Tanh"]
-    layer_kind = "rnn"
+    layer_kind, gate_order = "rnn", ("hidden",)
 
     @classmethod
     def _step(cls, ctx, weights, acts, xp, h, c):

@@ -45,7 +45,7 @@ from tvm.script import tirx as T
 from .schedule.fast_math import fast_sigmoid_expr
 
 ATTR = "ascendfuse.recurrence"
-GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+GATES = {"lstm": 4, "gru": 3, "gru_lbr0": 3, "rnn": 1}
 # Columns of one panel at most: eight AVX-512 vectors of accumulators per row (the GEMV rule's panel).
 MAX_PANEL_COLUMNS = 128
 # Accumulator vectors of one panel at most, over its batch rows (AVX-512 has 32 registers: the rest hold the
@@ -58,7 +58,7 @@ K_UNROLL = 4
 class LayerSpec:
     """One layer (one or both directions): the kernel's shapes and the direction(s) it walks the steps in."""
 
-    kind: str          # lstm, gru (linear_before_reset), rnn
+    kind: str          # lstm, gru (linear_before_reset), gru_lbr0 (without it), rnn
     steps: int
     batch: int
     hidden: int
@@ -105,10 +105,12 @@ def layer_kernel(spec: LayerSpec, scheduled: bool, cores: int = 1, lanes: int = 
     form's order for one core) or its scheduled form (its panels in ``cores`` parallel chunks; the panel's
     accumulators as unrolled vectors of at most ``lanes`` float32: one register each, so they stay in
     registers across the k loop)."""
-    make = {"lstm": _lstm, "gru": _gru, "rnn": _rnn}[spec.kind]
+    make = {"lstm": _lstm, "gru": _gru, "gru_lbr0": _gru_lbr0, "rnn": _rnn}[spec.kind]
     # private: the module names it (a TVMScript function carries its Python name as its global symbol, the
     # same for every direction and shape)
-    func = make(spec, scheduled, cores if scheduled else 1, math.gcd(spec.gates * spec.units, lanes) if scheduled else 1)
+    # (gru_lbr0's second product has units columns only: its vectors divide those)
+    width = spec.units if spec.kind == "gru_lbr0" else spec.gates * spec.units
+    func = make(spec, scheduled, cores if scheduled else 1, math.gcd(width, lanes) if scheduled else 1)
     func = func.without_attr("global_symbol")
     return func.with_attr(ATTR, spec.encode()).with_attr("tirx.noalias", True)
 
@@ -152,13 +154,56 @@ def _time(spec: LayerSpec):
     return time, before
 
 
+def _panel_steps(spec: LayerSpec, scheduled: bool, L: int):
+    """What every kernel's panel does in a step, as TVMScript macros of the form's loops: ``load_state`` the
+    previous hidden state (the initial one at step 0) into ``hl`` (1, batch, hidden); ``start`` the
+    accumulators (batch, n) from the step's projection columns ``col:col + n`` of the panel; ``clear`` them;
+    ``product`` adds ``h[d] @ w`` over the panel's weight columns ``col:col + n``, with ``k`` unrolled and
+    the accumulators as vectors of ``L`` lanes."""
+    B, H, P = spec.batch, spec.hidden, spec.panels
+    GU = spec.gates * spec.units
+    KU = K_UNROLL if H % K_UNROLL == 0 else 1
+    _, vec, unr, _, _ = _loops(spec, scheduled, 1)
+    time, before = _time(spec)
+
+    @T.macro
+    def load_state(hl, h0, y, s, dp):
+        for b, k in T.grid(B, H):
+            hl[0, b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
+
+    @T.macro
+    def start(acc, proj, s, dp, col, n):
+        for b in unr(B):
+            for jo in unr(n // L):
+                for jl in vec(L):
+                    acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + col + jo * L + jl]
+
+    @T.macro
+    def clear(acc, n):
+        for b in unr(B):
+            for jo in unr(n // L):
+                for jl in vec(L):
+                    acc[b, jo * L + jl] = T.float32(0.0)
+
+    @T.macro
+    def product(acc, h, d, w, dp, col, n):
+        for ko in T.serial(H // KU):
+            for ki in unr(KU):
+                for b in unr(B):
+                    for jo in unr(n // L):
+                        for jl in vec(L):
+                            acc[b, jo * L + jl] = acc[b, jo * L + jl] + h[d, b, ko * KU + ki] * w[
+                                dp // P, dp % P, ko * KU + ki, col + jo * L + jl]
+    return load_state, start, clear, product
+
+
 def _lstm(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     GU, N = 4 * U, 4 * H
-    KU = K_UNROLL if H % K_UNROLL == 0 else 1
     par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
     C, Q, zigzag = _chunks(spec, cores)
-    time, before = _time(spec)
+    time, _ = _time(spec)
+    load_state, start, _, product = _panel_steps(spec, scheduled, L)
 
     # The cell state is updated in place in ``c`` (a unit's cell is read and written by its own panel only);
     # its new value is read back for h (a Let inside a vectorised loop would hold one lane, TVM 0.27).
@@ -179,21 +224,11 @@ def _lstm(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc
                     for cq in par(C):
                         for qi in T.serial(Q):
                             dp = zigzag(s, cq, qi)
-                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            hl = T.decl_buffer((1, B, H), "float32", scope="local")
                             acc = T.decl_buffer((B, GU), "float32", scope="local")
-                            for b, k in T.grid(B, H):
-                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                            for b in unr(B):
-                                for jo in unr(GU // L):
-                                    for jl in vec(L):
-                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * GU + jo * L + jl]
-                            for ko in T.serial(H // KU):
-                                for ki in unr(KU):
-                                    for b in unr(B):
-                                        for jo in unr(GU // L):
-                                            for jl in vec(L):
-                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            load_state(hl, h0, y, s, dp)
+                            start(acc, proj, s, dp, 0, GU)
+                            product(acc, hl, 0, w, dp, 0, GU)
                             for b in unr(B):
                                 for uu in vec(U):
                                     c[dp // P, b, dp % P * U + uu] = (
@@ -206,13 +241,13 @@ def _lstm(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc
 
 def _gru(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     """GRU with ``linear_before_reset``: the reset gate multiplies ``h @ Rh^T + Rbh``, so one product per
-    step covers all three gates (without it, ``(r * h) @ Rh^T`` needs every unit's r first: two passes)."""
+    step covers all three gates (without it: ``_gru_lbr0``)."""
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
     GU, N = 3 * U, 3 * H
-    KU = K_UNROLL if H % K_UNROLL == 0 else 1
     par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
     C, Q, zigzag = _chunks(spec, cores)
-    time, before = _time(spec)
+    time, _ = _time(spec)
+    load_state, _, clear, product = _panel_steps(spec, scheduled, L)
 
     @T.prim_func(s_tir=True)
     def gru_layer(proj: T.Buffer((S * B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
@@ -227,21 +262,11 @@ def _gru(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
                     for cq in par(C):
                         for qi in T.serial(Q):
                             dp = zigzag(s, cq, qi)
-                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            hl = T.decl_buffer((1, B, H), "float32", scope="local")
                             acc = T.decl_buffer((B, GU), "float32", scope="local")
-                            for b, k in T.grid(B, H):
-                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                            for b in unr(B):
-                                for jo in unr(GU // L):
-                                    for jl in vec(L):
-                                        acc[b, jo * L + jl] = T.float32(0.0)
-                            for ko in T.serial(H // KU):
-                                for ki in unr(KU):
-                                    for b in unr(B):
-                                        for jo in unr(GU // L):
-                                            for jl in vec(L):
-                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            load_state(hl, h0, y, s, dp)
+                            clear(acc, GU)
+                            product(acc, hl, 0, w, dp, 0, GU)
                             for b in unr(B):
                                 for uu in vec(U):
                                     # the candidate n replaces its product in acc; then h' = n + z (h - n)
@@ -251,16 +276,70 @@ def _gru(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
                                         * (acc[b, 2 * U + uu] + rbh[dp // P, dp % P * U + uu]))
                                     y[time(s, dp // P), dp // P, b, dp % P * U + uu] = acc[b, 2 * U + uu] + sig(
                                         proj[time(s, dp // P) * B + b, dp * GU + uu] + acc[b, uu]) * (
-                                        hl[b, dp % P * U + uu] - acc[b, 2 * U + uu])
+                                        hl[0, b, dp % P * U + uu] - acc[b, 2 * U + uu])
     return gru_layer
+
+
+def _gru_lbr0(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
+    """GRU without ``linear_before_reset`` (ONNX's default): ``n = tanh(x Wn + (r * h) Rn^T + b)`` needs every
+    unit's reset gate before its product, so a step is two passes over the panels, each its own parallel
+    region (the end of the first is the barrier the second needs): z and r of every unit (the panel's first
+    2 x units columns), stored with ``r * h`` in the kernel's scratch; then ``(r * h) @ Rn^T`` (the panel's
+    last units columns), the candidate and the new state. Every bias is in ``proj`` (without
+    linear_before_reset Rbn adds to the product, not under r)."""
+    S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
+    GU, N = 3 * U, 3 * H
+    par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
+    C, Q, zigzag = _chunks(spec, cores)
+    time, before = _time(spec)
+    load_state, start, _, product = _panel_steps(spec, scheduled, L)
+
+    @T.prim_func(s_tir=True)
+    def gru_lbr0_layer(proj: T.Buffer((S * B, D * N), "float32"), w: T.Buffer((D, P, H, GU), "float32"),
+                       h0: T.Buffer((D, B, H), "float32"), y: T.Buffer((S, D, B, H), "float32")):
+        with T.sblock("root"):
+            with T.sblock("recurrence"):
+                T.reads(proj[0:S * B, 0:D * N], w[0:D, 0:P, 0:H, 0:GU], h0[0:D, 0:B, 0:H], y[0:S, 0:D, 0:B, 0:H])
+                T.writes(y[0:S, 0:D, 0:B, 0:H])
+                # the update gate and r * h of the step, shared by all panels between the two passes
+                z = T.decl_buffer((D, B, H), "float32")
+                rh = T.decl_buffer((D, B, H), "float32")
+                for s in T.serial(S):
+                    for cq in par(C):
+                        for qi in T.serial(Q):
+                            dp = zigzag(s, cq, qi)
+                            hl = T.decl_buffer((1, B, H), "float32", scope="local")
+                            acc = T.decl_buffer((B, 2 * U), "float32", scope="local")
+                            load_state(hl, h0, y, s, dp)
+                            start(acc, proj, s, dp, 0, 2 * U)
+                            product(acc, hl, 0, w, dp, 0, 2 * U)
+                            for b in unr(B):
+                                for uu in vec(U):
+                                    z[dp // P, b, dp % P * U + uu] = sig(acc[b, uu])
+                                    rh[dp // P, b, dp % P * U + uu] = sig(acc[b, U + uu]) * hl[0, b, dp % P * U + uu]
+                    for cq in par(C):
+                        for qi in T.serial(Q):
+                            dp = zigzag(s + 1, cq, qi)
+                            acc = T.decl_buffer((B, U), "float32", scope="local")
+                            start(acc, proj, s, dp, 2 * U, U)
+                            product(acc, rh, dp // P, w, dp, 2 * U, U)
+                            for b in unr(B):
+                                for uu in vec(U):
+                                    # h' = n + z (h - n), n = tanh(acc) kept in acc
+                                    acc[b, uu] = tanh(acc[b, uu])
+                                    y[time(s, dp // P), dp // P, b, dp % P * U + uu] = acc[b, uu] + z[
+                                        dp // P, b, dp % P * U + uu] * (T.if_then_else(
+                                            s == 0, h0[dp // P, b, dp % P * U + uu],
+                                            y[before(s, dp // P), dp // P, b, dp % P * U + uu]) - acc[b, uu])
+    return gru_lbr0_layer
 
 
 def _rnn(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
     S, B, H, U, P, D = spec.steps, spec.batch, spec.hidden, spec.units, spec.panels, spec.directions
-    KU = K_UNROLL if H % K_UNROLL == 0 else 1
     par, vec, unr, sig, tanh = _loops(spec, scheduled, cores)
     C, Q, zigzag = _chunks(spec, cores)
-    time, before = _time(spec)
+    time, _ = _time(spec)
+    load_state, start, _, product = _panel_steps(spec, scheduled, L)
 
     @T.prim_func(s_tir=True)
     def rnn_layer(proj: T.Buffer((S * B, D * H), "float32"), w: T.Buffer((D, P, H, U), "float32"),
@@ -273,21 +352,11 @@ def _rnn(spec: LayerSpec, scheduled: bool, cores: int, L: int) -> tirx.PrimFunc:
                     for cq in par(C):
                         for qi in T.serial(Q):
                             dp = zigzag(s, cq, qi)
-                            hl = T.decl_buffer((B, H), "float32", scope="local")
+                            hl = T.decl_buffer((1, B, H), "float32", scope="local")
                             acc = T.decl_buffer((B, U), "float32", scope="local")
-                            for b, k in T.grid(B, H):
-                                hl[b, k] = T.if_then_else(s == 0, h0[dp // P, b, k], y[before(s, dp // P), dp // P, b, k])
-                            for b in unr(B):
-                                for jo in unr(U // L):
-                                    for jl in vec(L):
-                                        acc[b, jo * L + jl] = proj[time(s, dp // P) * B + b, dp * U + jo * L + jl]
-                            for ko in T.serial(H // KU):
-                                for ki in unr(KU):
-                                    for b in unr(B):
-                                        for jo in unr(U // L):
-                                            for jl in vec(L):
-                                                acc[b, jo * L + jl] = acc[b, jo * L + jl] + hl[b, ko * KU + ki] * w[
-                                                    dp // P, dp % P, ko * KU + ki, jo * L + jl]
+                            load_state(hl, h0, y, s, dp)
+                            start(acc, proj, s, dp, 0, U)
+                            product(acc, hl, 0, w, dp, 0, U)
                             for b in unr(B):
                                 for uu in vec(U):
                                     y[time(s, dp // P), dp // P, b, dp % P * U + uu] = tanh(acc[b, uu])

@@ -99,9 +99,9 @@ class RuleSpec:
 # In DEFAULT_RULES order (schedule/apply.py). Letters: kinds.py; [EL] injective ops; lower case: an op whose
 # value is also an output of the kernel (only where the rule handles a second output).
 RULE_SPECS: tuple[RuleSpec, ...] = (
-    # A whole recurrent layer is a kernel its converter writes (onnx_recurrent, recurrence_kernel), never a
-    # group the grouping makes from ops: nothing is predicted to it.
-    RuleSpec("recurrence", r"(?!)", SPECIALISED, note="a recurrent layer with its step loop inside (converter-made); "
+    # A whole recurrent layer is a kernel its converter writes (recurrent_layer, recurrence_kernel), never a
+    # group the grouping makes from ops
+    RuleSpec("recurrence", r"S", SPECIALISED, note="a recurrent layer with its step loop inside (converter-made); "
              "each step's weight panels over the cores"),
     # the flash-decoding kernel is a call of its own (IncreFlashAttentionFusionPass), never a group of ops
     RuleSpec("flash-decode", r"F", SPECIALISED, note="a decode attention over a run-time key count in chunks "

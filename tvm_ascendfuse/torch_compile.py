@@ -30,6 +30,10 @@ The weights are bound at compile time. Dynamo does not guard on the identity of 
 (two instances of one class share the compiled code), so every call checks that the weights passed are the
 ones the build holds (the same tensors, not modified in place since) and builds for them if not; each set of
 weights keeps its build.
+
+``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` reach the backend (and the layer kernel of ``torch_recurrent``) only
+with ``torch._dynamo.config.allow_rnn = True``: by default dynamo breaks the graph at an RNN module and
+runs it in eager PyTorch.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ bounds is not clamped, so the slice keeps the length it is sliced to), ``aten.ba
 (TVM reads its arguments in the order of ``_native_batch_norm_legit``, so inference BatchNorm came out in
 training mode with the momentum as epsilon) and ``scaled_dot_product_attention`` (TVM drops its ``scale``
 argument; ours also takes boolean masks, as the additive 0 / -inf mask, and ``enable_gqa``, as the key/value
-heads repeated by expand/reshape).
+heads repeated by expand/reshape). The recurrent layers ``aten.lstm``, ``aten.gru`` and ``aten.rnn_tanh``
+(which TVM unrolls step by step, one layer only) are one layer kernel per layer (``torch_recurrent``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 from pathlib import Path
 
 from .errors import ModelError, UnsupportedOpError
+from .torch_recurrent import CONVERTERS as _RECURRENT
 
 
 def _torch():
@@ -173,6 +175,7 @@ _CONVERTERS = {
     "cat.default": _cat,
     "slice.Tensor": _slice,
     "scaled_dot_product_attention.default": _sdpa,
+    **_RECURRENT,
 }
 
 

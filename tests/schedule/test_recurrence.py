@@ -19,6 +19,8 @@ SPECS = {
     "lstm_bidirectional_batch2_units20": ("lstm", 4, 2, 40, 2, False),
     "gru_bidirectional_three_panels": ("gru", 5, 1, 48, 2, False),
     "gru_reverse_batch3": ("gru", 3, 3, 32, 1, True),
+    "gru_lbr0_bidirectional_batch2": ("gru_lbr0", 4, 2, 48, 2, False),
+    "gru_lbr0_reverse_units20": ("gru_lbr0", 5, 1, 40, 1, True),
     "rnn_reverse_units24": ("rnn", 6, 2, 24, 1, True),
     "rnn_bidirectional_two_panels": ("rnn", 4, 1, 256, 2, False),
 }
@@ -26,7 +28,7 @@ SPECS = {
 
 def _spec(kind, steps, batch, hidden, dirs, reverse):
     return LayerSpec(kind, steps, batch, hidden,
-                     panel_units(hidden, {"lstm": 4, "gru": 3, "rnn": 1}[kind], batch), dirs, reverse)
+                     panel_units(hidden, {"lstm": 4, "gru": 3, "gru_lbr0": 3, "rnn": 1}[kind], batch), dirs, reverse)
 
 
 @pytest.mark.parametrize("name", list(SPECS))
