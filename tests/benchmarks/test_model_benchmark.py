@@ -115,7 +115,7 @@ def _opts(**kw):
     base = dict(compile_rounds=1, compile_timeout=300.0, default_compile_timeout=300.0, diagnose=False,
                 diagnose_step_timeout=60.0, rounds=3, round_ms=1.0, run_timeout=120.0, default_run_timeout=120.0,
                 no_default_run=False, profile_timeout=300.0, same_ops=True, same_ops_calls=1, tol=1e-3, seed=0,
-                int_high=None, workdir=None, keep=False, precision_mode=None)
+                int_high=None, workdir=None, keep=False, precision_mode=None, fusion_switch=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
