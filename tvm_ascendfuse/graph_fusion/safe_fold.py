@@ -62,48 +62,45 @@ def has_foldable_call(mod: tvm.IRModule) -> bool:
     return False
 
 
+def _var_bindings(func: relax.Function):
+    """(block, binding, the values bound so far by handle, this one included) of each variable binding of
+    ``func``, in order."""
+    bound = {}
+    for block in getattr(func.body, "blocks", []):
+        for b in block.bindings:
+            if isinstance(b, relax.VarBinding):
+                bound[b.var.__chandle__()] = b.value
+                yield block, b, bound
+
+
 def has_constant_item(mod: tvm.IRModule) -> bool:
     """Whether some binding takes an item of a tuple of constants (directly or through a variable)."""
-    for func in mod.functions.values():
-        if not isinstance(func, relax.Function):
-            continue
-        bound = {}
-        for block in getattr(func.body, "blocks", []):
-            for b in block.bindings:
-                if not isinstance(b, relax.VarBinding):
-                    continue
-                bound[b.var.__chandle__()] = b.value
-                v = b.value
-                if isinstance(v, relax.TupleGetItem) and _constant_like(v.tuple_value, bound):
-                    return True
-    return False
+    return any(isinstance(b.value, relax.TupleGetItem) and _constant_like(b.value.tuple_value, bound)
+               for func in mod.functions.values() if isinstance(func, relax.Function)
+               for _, b, bound in _var_bindings(func))
 
 
 def constant_bindings(func: relax.Function, keep: tuple = ()) -> list:
     """The dataflow bindings FoldConstant would fold: calls of ops whose arguments are constant(-like),
     directly or through such bindings, in binding order; calls of the ops in ``keep`` (and what is computed
     from them) are not picked."""
-    bound, picked, folded = {}, [], set()
+    picked, folded = [], set()
 
-    def const_like(e) -> bool:
+    def const_like(e, bound) -> bool:
         if isinstance(e, relax.Var) and e.__chandle__() in folded:
             return True
         if isinstance(e, relax.Tuple):
-            return all(const_like(f) for f in e.fields)
+            return all(const_like(f, bound) for f in e.fields)
         return _constant_like(e, bound)
 
-    for block in getattr(func.body, "blocks", []):
-        for b in block.bindings:
-            if not isinstance(b, relax.VarBinding):
-                continue
-            bound[b.var.__chandle__()] = b.value
-            v = b.value
-            if isinstance(block, relax.DataflowBlock) and isinstance(v, relax.Call) \
-                    and not isinstance(v.op, relax.GlobalVar) \
-                    and not (isinstance(v.op, tvm.ir.Op) and v.op.name in keep) \
-                    and (all(const_like(a) for a in v.args) or static_shape_of(v) is not None):
-                picked.append(b)
-                folded.add(b.var.__chandle__())
+    for block, b, bound in _var_bindings(func):
+        v = b.value
+        if isinstance(block, relax.DataflowBlock) and isinstance(v, relax.Call) \
+                and not isinstance(v.op, relax.GlobalVar) \
+                and not (isinstance(v.op, tvm.ir.Op) and v.op.name in keep) \
+                and (all(const_like(a, bound) for a in v.args) or static_shape_of(v) is not None):
+            picked.append(b)
+            folded.add(b.var.__chandle__())
     return picked
 
 
