@@ -158,28 +158,25 @@ def _transposed_epilogue(sch, blk, xo) -> bool:
         return False
     trial = sch.copy()
     try:
-        out = trial.cache_write(blk, 0, UB_SCOPE)
-        trial.transform_layout(blk, ("write", 0), lambda n, c, h, w: (n, c // LANES, h, w, c % LANES))
-        trial.reverse_compute_at(blk, xo)
-        trial.reverse_compute_at(out, xo)
-        chans, cols = trial.get_loops(blk)[-2:]
-        n_chans, n_cols = extent(trial, chans), extent(trial, cols)
-        if n_chans is None or n_chans % LANES or n_cols is None or not 2 <= n_cols <= 8:
-            return False
-        trial.reorder(cols, chans)
-        trial.vectorize(trial.split(chans, [None, LANES])[1])
-        o_chans = trial.get_loops(out)[-2]
-        trial.split(o_chans, [None, LANES])
-        if not transpose_to_nchw(trial, out, LANES):
+        if not _blocked_store(trial, blk, xo, check=True):
             return False
     except RuntimeError:
         return False
-    # the trial worked: the same steps on the real schedule
+    return _blocked_store(sch, blk, xo)     # the trial worked: the same steps on the real schedule
+
+
+def _blocked_store(sch, blk, xo, check: bool = False) -> bool:
+    """The steps of ``_transposed_epilogue`` on ``sch``; ``check``: refuse a tile whose channels are not
+    whole vectors or whose columns are outside 2..8 (what the register transposes take)."""
     out = sch.cache_write(blk, 0, UB_SCOPE)
     sch.transform_layout(blk, ("write", 0), lambda n, c, h, w: (n, c // LANES, h, w, c % LANES))
     sch.reverse_compute_at(blk, xo)
     sch.reverse_compute_at(out, xo)
     chans, cols = sch.get_loops(blk)[-2:]
+    if check:
+        n_chans, n_cols = extent(sch, chans), extent(sch, cols)
+        if n_chans is None or n_chans % LANES or n_cols is None or not 2 <= n_cols <= 8:
+            return False
     sch.reorder(cols, chans)
     sch.vectorize(sch.split(chans, [None, LANES])[1])
     sch.split(sch.get_loops(out)[-2], [None, LANES])
