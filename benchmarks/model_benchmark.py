@@ -966,14 +966,8 @@ def print_tables(rows: list[dict]) -> None:
     print(family_table(rows))
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--from-json"] and len(argv) == 2:
-        with open(argv[1]) as f:
-            print_tables(json.load(f)["rows"])
-        return 0
-    if argv[:1] == ["--worker"] or "--worker" in argv[:1]:
-        return worker_main(argv)
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options (the harness's tests parse through it too, so their options cannot drift)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("models", nargs="+", help="public model names, W1..W7, ONNX files, or all / public / workloads")
     ap.add_argument("--json", help="write all rows to this JSON file (rewritten after each model)")
@@ -1007,6 +1001,18 @@ def main(argv=None) -> int:
                          "weights at, as a share of it")
     ap.add_argument("--int-high", type=int, default=None,
                     help="integer inputs in [0, N) for models that do not record their vocabulary (default 2)")
+    return ap
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--from-json"] and len(argv) == 2:
+        with open(argv[1]) as f:
+            print_tables(json.load(f)["rows"])
+        return 0
+    if argv[:1] == ["--worker"] or "--worker" in argv[:1]:
+        return worker_main(argv)
+    ap = build_parser()
     opts = ap.parse_args(argv)
     if opts.rounds < 1:
         ap.error("--rounds must be at least 1")

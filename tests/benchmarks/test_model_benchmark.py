@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -112,12 +111,14 @@ def test_rel_err():
 
 
 def _opts(**kw):
-    base = dict(compile_rounds=1, compile_timeout=300.0, default_compile_timeout=300.0, diagnose=False,
-                diagnose_step_timeout=60.0, rounds=3, round_ms=1.0, run_timeout=120.0, default_run_timeout=120.0,
-                no_default_run=False, profile_timeout=300.0, same_ops=True, same_ops_calls=1, tol=1e-3, seed=0,
-                int_high=None, workdir=None, keep=False, precision_mode=None, fusion_switch=None)
-    base.update(kw)
-    return SimpleNamespace(**base)
+    """The command line's defaults (parsed by the benchmark's own parser), with short timeouts and rounds."""
+    opts = mb.build_parser().parse_args(["tiny.onnx", "--no-diagnose", "--round-ms", "1", "--same-ops-calls", "1",
+                                         "--compile-timeout", "300", "--default-compile-timeout", "300",
+                                         "--run-timeout", "120", "--default-run-timeout", "120",
+                                         "--diagnose-step-timeout", "60", "--profile-timeout", "300"])
+    for key, value in kw.items():
+        setattr(opts, key, value)
+    return opts
 
 
 def test_whole_harness_on_a_tiny_onnx_file(tmp_path):
