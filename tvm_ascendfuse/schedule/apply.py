@@ -50,6 +50,7 @@ from .gemv import GemvRule
 from .row_dot import RowDotRule
 from .indices import simplify_indices
 from .matmul import MatmulRule
+from .matmul_bf16 import Bf16MatmulRule
 from .matmul_int8 import Int8MatmulRule
 from .multi_gemm import MultiGemmRule
 from .padded_conv import PaddedConv2dRule
@@ -67,7 +68,8 @@ from .tuned import tuned_rules
 # softmax) and several independent products (SwiGLU) precede the single-GEMM rule, which would otherwise treat
 # one product as another's prologue.
 DEFAULT_RULES = (RecurrenceRule, FlashDecodeRule, SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule,
-                 AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule,
+                 AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, Int8MatmulRule, Bf16MatmulRule,
+                 MatmulRule,
                  Int8Conv2dRule, PaddedConv2dRule, Conv2dRule,
                  GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
