@@ -71,8 +71,9 @@ def test_hosts_without_the_instruction_keep_the_float32_rule():
     assert _rules(res) == {"matmul"}
 
 
-def test_shapes_the_tile_does_not_divide_go_to_the_float32_rule():
-    mod, _, _ = _gemm(16, 30, 40)               # K % 2, N % 16
+@pytest.mark.parametrize("m,k,n", [(16, 30, 40), (197, 64, 64)], ids=["K%2,N%16", "prime rows"])
+def test_shapes_the_tile_does_not_fit_go_to_the_float32_rule(m, k, n):
+    mod, _, _ = _gemm(m, k, n)
     assert "matmul_bf16" not in _rules(af.compile_model(mod, precision_mode="force_bf16"))
 
 

@@ -34,6 +34,10 @@ MAX_ROWS = 8        # register tile rows
 # larger one is a heap workspace, which LLVM cannot keep in registers (it stored every accumulator at every
 # k step: 0.6x the float32 rule).
 MAX_TILE_VECTORS = 1024 // (LANES * 4) - 1
+# Fewer accumulators than this leave the dot product waiting on its latency (a prime row count such as ViT's
+# 197 tokens allows one row per tile: 197x768x768 ran at 0.6x the float32 rule): the float32 rule, which pads
+# the rows, takes such GEMMs.
+MIN_TILE_VECTORS = 8
 
 
 def register_tile(rows: int, n_vectors: int, accumulators: int) -> tuple[int, int] | None:
@@ -97,7 +101,7 @@ class Bf16MatmulRule(ScheduleRule):
             return None
         hv = host_vector(host)
         tile = register_tile(ext[info.m[-1]], n_len // LANES, hv.accumulators)
-        if tile is None:
+        if tile is None or tile[0] * tile[1] < MIN_TILE_VECTORS:
             return None
         mr, nv = tile
 
