@@ -59,6 +59,27 @@ def test_bf16_build_uses_the_dot_product(m, k, n, transposed):
     assert cos >= 0.999
 
 
+@pytest.mark.skipif(not HOST_BF16, reason="the host has no AVX512-BF16")
+def test_bf16_model_input_read_by_the_dot_product():
+    """A bf16 model: its input, widened to float32 in front of the GEMM (operand_cast), is the rule's A."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 192)) / 16).astype(ml_dtypes.bfloat16)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 256), "bfloat16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.matmul(x, relax.const(w))))
+        bb.emit_func_output(out)
+    res = af.compile_model(bb.get())
+    assert _rules(res) == {"matmul_bf16"}
+    xv = rng.standard_normal((64, 256)).astype(ml_dtypes.bfloat16)
+    got = run_vm(res.executable, [xv]).astype("float32")
+    want = np.maximum(xv.astype("float32") @ w.astype("float32"), 0)
+    assert np.abs(got - want).max() <= 2 ** -7 * np.abs(want).max()     # the output's bf16 rounding
+
+
 def test_float32_and_fp16_builds_keep_the_float32_rule():
     mod, _, _ = _gemm(64, 256, 192)
     assert _rules(af.compile_model(mod)) == {"matmul"}

@@ -4,8 +4,9 @@ dot product.
 Taken only when the kernel is marked bfloat16 on chip (``precision/on_chip.py``: a ``force_bf16`` /
 ``allow_mix_precision_bf16`` build or a bf16 model, where the NPU's cube multiplies bf16 operands and
 accumulates in float32) and the host has AVX512-BF16 (``hostvec.has_bf16_dot``); otherwise the float32 GEMM
-rule takes the kernel. Recognised from the blocks: one ``C[.., m, n] += A[.., m, k] * B[k, n]`` block, all
-float32, B a constant (layout-free) parameter, every other block injective. No batch on B.
+rule takes the kernel. Recognised from the blocks: one ``C[.., m, n] += A[.., m, k] * B[k, n]`` block,
+float32 (A may be a bf16 parameter widened by an inlined prologue: a bf16 model's input), B a constant
+(layout-free) parameter, every other block injective. No batch on B.
 
 Schedule: B packed once at compile time to bf16 ``B'[n // 16, k // 2, n % 16, k % 2]`` (16 columns x 2 depths
 = one 64-byte vector per step; its values are bf16 already: the mode rounded the weights, ``round_weights``);
@@ -61,7 +62,18 @@ def _bf16_gemm(sch: s_tir.Schedule):
     if found is None:
         return None
     blocks, gi, info = found
-    if {str(b.dtype) for b in (info.a_buf, info.b_buf, info.c_buf)} != {"float32"}:
+    if gi > 0:
+        # a prologue on the operands (a bf16 model's input widened to float32, operand_cast.py) inlined into
+        # the GEMM: its A then is what the prologue reads (converted to bf16 in the A stage)
+        for blk in blocks[:gi]:
+            if not ok(sch.compute_inline, blk):
+                return None
+        found = find_gemm(sch)
+        if found is None:
+            return None
+        blocks, gi, info = found
+    if str(info.a_buf.dtype) not in ("float32", "bfloat16") or \
+            {str(b.dtype) for b in (info.b_buf, info.c_buf)} != {"float32"}:
         return None
     if info.batch or len(info.b_buf.shape) != 2:
         return None
