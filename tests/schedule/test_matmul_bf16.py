@@ -48,6 +48,8 @@ def test_bf16_build_uses_the_dot_product(m, k, n, transposed):
     mod, w, b = _gemm(m, k, n, transposed)
     res = af.compile_model(mod, precision_mode="force_bf16")
     assert _rules(res) == {"matmul_bf16"}
+    notes = [n for ns in res.report.sections["schedule_notes"].values() for n in ns]
+    assert any("bf16 dot product" in n for n in notes), notes
     x = np.random.default_rng(1).standard_normal((m, k)).astype("float32")
     got = run_vm(res.executable, [x])
     # the build's numbers: A and W rounded to bf16, products summed in float32

@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 from ..precision.on_chip import on_chip_float
 from ..target import AscendTarget
 from .analysis import find_gemm, has_reduce
-from .base import ScheduleRule
+from .base import Scheduled, ScheduleRule
 from .bf16_dot import DEPTH, DOT_16x2_BF16, IMPORT_ANNOTATION, LANES, LLVM_WRAPPER
 from .common import extent, ok, root_blocks
 from .hostvec import has_bf16_dot, host_vector
@@ -90,7 +90,7 @@ class Bf16MatmulRule(ScheduleRule):
 
     name = "matmul_bf16"
 
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         if not isinstance(func, tirx.PrimFunc) or on_chip_float(func) != "bfloat16" or not has_bf16_dot(host):
             return None
         sch = s_tir.Schedule(func)
@@ -177,4 +177,6 @@ class Bf16MatmulRule(ScheduleRule):
             sch.parallel(sch.fuse(*a_loops[:-1]))
         if k_len % LANES == 0:
             sch.vectorize(sch.split(a_loops[-1], [None, LANES])[1])
-        return sch
+        # the report says how this kernel computes: bf16 products, float32 sums
+        return Scheduled(sch, f"bf16 dot product (vdpbf16ps): {mr} rows x {nv * LANES} columns of float32 "
+                              "accumulators, weight packed to bf16 pairs, A rounded to bf16 once")
