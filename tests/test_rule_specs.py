@@ -206,9 +206,10 @@ def test_the_cases_cover_every_rule():
     seen = set().union(*({k["rule"] for k in _compiled(name).report.kernels} for name in CASES))
     # (the int8 rules' kernels come from quantized models: tests/schedule/test_matmul_int8.py, test_conv_int8.py;
     # the recurrence rule's from the recurrent converters: tests/test_onnx_recurrent.py; the padded conv's from
-    # channel counts no full vector divides, which depend on the host: test_padded_conv.py)
+    # channel counts no full vector divides, which depend on the host: test_padded_conv.py; the bf16 GEMM's
+    # from bf16 builds on hosts with AVX512-BF16: tests/schedule/test_matmul_bf16.py)
     assert {s.name for s in RULE_SPECS} - {"fallback", "matmul_int8", "conv2d_int8", "recurrence",
-                                           "conv2d-padded"} <= seen, seen
+                                           "conv2d-padded", "matmul_bf16"} <= seen, seen
     assert np.all([k["rule"] != "fallback" for name in CASES for k in _compiled(name).report.kernels])
 
 

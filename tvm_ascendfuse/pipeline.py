@@ -22,6 +22,7 @@ from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
 from .legalize import explain_failure, legalize_ops
 from .passbase import PyPass
 from .precision import Float32ComputePass, PrecisionPlan, RoundWeightsPass, SixteenBitStoragePass, resolve_mode
+from .precision.on_chip import MarkOnChipDtype, grouping_target
 from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
@@ -83,6 +84,8 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=(), plan=Non
 
     The cost-based grouping replaces TVM's FuseOps; FuseOps is the fallback when it is switched off.
     ``forbidden``: groups whose kernels exceeded on-chip capacity in an earlier run (``GroupingConfig``).
+    Under a 16-bit plan the grouping counts tiles in 16-bit bytes and the kernels are marked with the dtype
+    their tiles have on chip, for the schedule rules and the verification (``precision/on_chip.py``).
     First, under a mode converting float32 to 16 bits, GEMM/conv weights are rounded to 16-bit values: here
     and not in the precision phase, so that weights graph fusion computed (BN folded into a conv) are too."""
     if switches.is_on(COST_BASED_FUSION):
@@ -92,11 +95,15 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=(), plan=Non
                                 chain_host_cores=_host_cores(tvm_target) if switches.is_on(CHAINED_GEMM_HOST) else 0,
                                 schedulable_only=switches.is_on(SCHEDULE_RULE_CHECK),
                                 forbidden=tuple(forbidden))
-        grouping = CostBasedFusionPass(target, report, config)
+        # the plan's 16-bit dtype is known once the precision phase has run (a model stored in fp16): the
+        # grouping asks for its target then, and counts its tiles in the bytes they have on the NPU
+        spec = (lambda: grouping_target(target, plan)) if plan is not None else target
+        grouping = CostBasedFusionPass(spec, report, config)
     else:
         report.touch(COST_BASED_FUSION)
         grouping = relax.transform.FuseOps()
     rounding = [RoundWeightsPass(report, plan)] if plan is not None else []
+    marking = [MarkOnChipDtype(report, plan)] if plan is not None else []
     return [
         *rounding,
         PatternFusionPass(target, report, switches),
@@ -106,6 +113,7 @@ def ub_fusion_phase(target, switches, report, tvm_target, forbidden=(), plan=Non
         relax.transform.FoldConstant(),
         grouping,
         RecordKernels(report),
+        *marking,
         TrafficAccounting(target, report, plan),
     ]
 

@@ -130,6 +130,10 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
     # not carry operand dtypes, so the table predicts the float rule for them (same rank), never these.
     RuleSpec("matmul_int8", r"(?!)", SPECIALISED, note="one int8 GEMM (u8 x s8 -> s32, VNNI where the host has "
              "it) + requantize/dequantize epilogue; predicted as matmul"),
+    # The bf16 rule takes the GEMMs of kernels a bf16 build marks (precision/on_chip.py) on hosts with
+    # AVX512-BF16: neither is in the kinds, so the table predicts the float rule for them (same rank).
+    RuleSpec("matmul_bf16", r"(?!)", SPECIALISED, note="one float32 GEMM of a bf16 build (constant weight) on "
+             "the host's bf16 dot product (AVX512-BF16) + injective epilogue; predicted as matmul"),
     RuleSpec("matmul", r"[ELRel]*G[ELel]*", SPECIALISED,
              note="one GEMM, injective or row-norm prologue, injective epilogue (with several outputs: the "
                   "slices of a merged sibling projection)"),

@@ -46,6 +46,10 @@ class AscendTarget:
     launch_overhead_us: float = 3.0
     double_buffer: bool = True
     bf16: bool = True             # the cube/vector units compute in bfloat16 (Ascend 910B); 310P: fp16 only
+    # Bytes a float32 tensor takes on chip: 2 for a kernel a precision mode stores in 16 bits (set per kernel
+    # by the pipeline, ``precision/on_chip.py``: the host computes such a kernel in float32, the NPU holds its
+    # UB/L1 tiles in 16 bits); accumulators in L0C stay float32 either way.
+    float_bytes: int = 4
 
     # ---- derived figures -------------------------------------------------------------------------
     @property
@@ -64,6 +68,16 @@ class AscendTarget:
     def vector_flops(self, dtype_bytes: int = 4) -> float:
         """Modeled peak of the vector units: one lane op per element of a vector_bytes_per_cycle register."""
         return self.vector_bytes_per_cycle / dtype_bytes * self.vector_cores * self.clock_ghz * 1e9
+
+    def element_bytes(self, dtype, scope: str = "ub") -> int:
+        """Bytes one element of ``dtype`` takes in an on-chip ``scope`` of this NPU: a float32 element takes
+        ``float_bytes`` outside L0C (the cube's accumulator, float32 on the NPU whatever the inputs)."""
+        from .ir import dtype_bytes     # ir imports tvm: late, so that target files load without it
+
+        nbytes = dtype_bytes(dtype)
+        if str(dtype) == "float32" and scope.lower().split(".")[-1] != "l0c":
+            return min(nbytes, self.float_bytes)
+        return nbytes
 
     def align_up(self, nbytes: int, scope: str = "ub") -> int:
         """Round a buffer up to the alignment its memory demands."""
@@ -126,6 +140,8 @@ FIELD_DOCS = {
     "launch_overhead_us": "ASSUMPTION: fixed cost of one kernel launch, microseconds",
     "double_buffer": "tiles are double-buffered (working set counted twice)",
     "bf16": "the compute units take bfloat16 (precision modes force_bf16 / allow_mix_precision_bf16)",
+    "float_bytes": "bytes of a float32 element on chip outside L0C (2: a kernel stored in 16 bits; set per kernel "
+                   "by the precision plan)",
 }
 
 PRESETS: dict[str, AscendTarget] = {
@@ -184,6 +200,8 @@ def validate(t: AscendTarget) -> AscendTarget:
             f"target field 'ub_reserved_bytes' ({t.ub_reserved_bytes}) leaves no usable UB of 'ub_bytes' ({t.ub_bytes})")
     if t.ub_bytes > t.l1_bytes:
         raise TargetError(f"target field 'ub_bytes' ({t.ub_bytes}) is larger than 'l1_bytes' ({t.l1_bytes})")
+    if t.float_bytes not in (2, 4):
+        raise TargetError(f"target field 'float_bytes' must be 2 or 4, got {t.float_bytes}")
     for key in ("ub_align", "l1_align", "l0ab_align", "l0c_align"):
         v = getattr(t, key)
         if v & (v - 1):

@@ -26,6 +26,11 @@ from .target import AscendTarget
 PANEL_COLS = 128
 
 
+# Bytes of a cube accumulator element in L0C: float32 whatever the operands' dtype (the NPU's cube
+# accumulates fp16/bf16 products in fp32), so a 16-bit kernel's accumulator rows take as much L0C as a
+# float32 one's while its UB/L1 rows take half (``dtype_bytes`` below: the bytes of the operands on chip).
+ACCUMULATOR_BYTES = 4
+
 # Rows (batch x sequence) of a GEMM up to which it is a GEMV: two FLOPs per weight element read once is
 # memory-bound, so the weight is streamed in panels, one panel per task (schedule/gemv.py; rule_specs.py
 # routes such kernels there).
@@ -121,10 +126,10 @@ def row_block_check(row_elems: list[int], dtype_bytes: int, rows: int, target: A
 
 
 # ---- row blocks of the kernels that keep whole rows on chip --------------------------------------------
-def accumulator_in_l0c(n2: int, target, dtype_bytes: int = 4) -> bool:
+def accumulator_in_l0c(n2: int, target) -> bool:
     """The second product's accumulator rows live in L0C (the cube accumulates there across the panels)
     when one row fits it; else in UB."""
-    return target.align_up(n2 * dtype_bytes, "l0c") <= target.capacity("local.L0C")
+    return target.align_up(n2 * ACCUMULATOR_BYTES, "l0c") <= target.capacity("local.L0C")
 
 
 def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, target, dtype_bytes: int = 4,
@@ -140,7 +145,7 @@ def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, targe
     in UB (the input row streamed from GM, double-buffered, and its normalised row) and stages the block's
     normalised rows in L1, where the cube reads its left operand for every panel: L1 caps the block too. The
     weights stream to the cube through L1/L0A/L0B (``l0_check``)."""
-    in_l0c = accumulator_in_l0c(n2, target, dtype_bytes)
+    in_l0c = accumulator_in_l0c(n2, target)
     out_row = norm_after or not in_l0c
     row = [panel] * (n_first + 1) + ([n2] if out_row else [])
     fixed = 0
@@ -152,7 +157,7 @@ def chain_row_block(n1: int, n2: int, panel: int, n_first: int, rows: int, targe
             + (f"; once: the input row ({staged_row}) being normalised and its normalised row" if staged_row else ""))
     caps = []                                   # (bytes per row of the block, capacity) in L0C / L1
     if in_l0c:
-        caps.append((target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")))
+        caps.append((target.align_up(n2 * ACCUMULATOR_BYTES, "l0c"), target.capacity("local.L0C")))
     if staged_row:
         l1_row = target.align_up(staged_row * dtype_bytes, "l1")
         if l1_row > target.capacity("local.L1"):
@@ -167,8 +172,8 @@ def chain_rows_per_block(tile_elems: int, rows: int, n2: int, cores: int, target
     (``chain_row_block``), at most rows / cores (every core gets a block), at most what L0C holds of the
     accumulator rows when they live there, then ``row_block`` (a divisor of the rows when one is close)."""
     cap = min(tile_elems, max(1, rows // max(1, cores)))
-    if accumulator_in_l0c(n2, target, dtype_bytes):
-        cap = min(cap, target.capacity("local.L0C") // target.align_up(n2 * dtype_bytes, "l0c"))
+    if accumulator_in_l0c(n2, target):
+        cap = min(cap, target.capacity("local.L0C") // target.align_up(n2 * ACCUMULATOR_BYTES, "l0c"))
     return row_block(rows, cap)
 
 
@@ -220,6 +225,6 @@ def attention_row_block(heads: int, head_dim: int, keys: int, n2: int, rows: int
             + (f" and input rows ({query_k})" if query_k else ""))
     if l1_fixed >= l1:
         return CapacityCheck(False, l1_fixed, l1, "L1", 0, f"one head's K and V panels ({keys}x{head_dim})")
-    caps = [(target.align_up(n2 * dtype_bytes, "l0c"), target.capacity("local.L0C")),
+    caps = [(target.align_up(n2 * ACCUMULATOR_BYTES, "l0c"), target.capacity("local.L0C")),
             (target.align_up((head_dim + keys + query_k) * dtype_bytes, "l1"), l1 - l1_fixed)]
     return row_block_check(row, dtype_bytes, rows, target, what, resident=True, fixed=fixed, caps=caps)

@@ -20,7 +20,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..ir import dtype_bytes
+from ..precision.on_chip import kernel_target
 from ..target import AscendTarget
 
 ON_CHIP_SCOPES = ("local.UB", "local.L1", "local.L0A", "local.L0B", "local.L0C")
@@ -146,13 +146,15 @@ def kernel_usages(funcs: dict, target: AscendTarget) -> dict[str, KernelUsage]:
 
 def _usage_of(name: str, func: tirx.PrimFunc, target: AscendTarget) -> KernelUsage:
     usage = KernelUsage(name)
+    # a kernel a precision mode stores in 16 bits holds its float32 tiles in 16 bits on the NPU (its mark)
+    target = kernel_target(target, func)
 
     def count(buf):
         scope = canonical_scope(buf.scope())
         if scope not in ON_CHIP_SCOPES:
             return
         dims = [_static(d) for d in buf.shape]
-        elem = dtype_bytes(buf.dtype)
+        elem = target.element_bytes(buf.dtype, scope)
         nbytes = None if any(d is None for d in dims) else math.prod(dims) * elem
         aligned = None if nbytes is None else target.align_up(nbytes, _ALIGN_KEY[scope])
         usage.allocations.append(Allocation(buf.name, scope, nbytes, aligned))

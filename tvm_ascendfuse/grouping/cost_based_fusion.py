@@ -44,6 +44,9 @@ class CostBasedFusionPass(PyPass):
 
     @property
     def target(self) -> AscendTarget:
+        if callable(self._target_spec):
+            # a target known only when the pass runs (the precision plan's on-chip dtype, ``pipeline.py``)
+            return self._target_spec()
         if self._target_spec is not None:
             return get_target(self._target_spec)
         return current_target_from_tvm() or get_target("ascend910b")

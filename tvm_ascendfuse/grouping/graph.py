@@ -48,6 +48,7 @@ class Node:
     out_bytes: float = 0.0
     out_elems: int = 1
     out_dtype: int = 4
+    out_dtype_name: str = "float32"   # its dtype, for the bytes it takes on chip (``target.element_bytes``)
     cube: bool = False
     int8_cube: bool = False                            # a cube op on 8-bit integer operands (int32 accumulator)
     row: int = 0                                       # reduction row (elements) of a vector reduction
@@ -230,6 +231,7 @@ class _Builder:
             n.row_norm = cache[("lastaxis", key)]
         shape = _static_shape(var.ty, bounds)
         n.out_dtype = dtype_bytes(var.ty.dtype)
+        n.out_dtype_name = str(var.ty.dtype)
         n.out_elems = 1
         for d in shape:
             n.out_elems *= d

@@ -161,22 +161,30 @@ class FusionModel:
             self._chains[key] = found
         return self._chains[key]
 
+    def on_chip_bytes(self, m: int) -> int:
+        """Bytes of one element of member ``m``'s output on chip (16 bits under a 16-bit plan's target)."""
+        return self.target.element_bytes(self.nodes[m].out_dtype_name)
+
+    def _input_on_chip_bytes(self, tensor, nbytes: int) -> int:
+        dtype = getattr(getattr(tensor, "ty", None), "dtype", None)
+        return nbytes if dtype is None else self.target.element_bytes(dtype)
+
     def capacity(self, members, outs, ins):
         chain = self.chain(members)
         if isinstance(chain, Chain):
-            dt = max(self.nodes[m].out_dtype for m in members)
+            dt = max(self.on_chip_bytes(m) for m in members)
             check = chain.capacity(dt, self.target)
             if check.fits:
                 l0 = l0_check(dt, self.target)
                 return check if l0.fits else l0
             return check
-        bufs = [TileBuffer(v[1], v[2]) for v in ins.values()]
-        bufs += [TileBuffer(self.nodes[m].out_elems, self.nodes[m].out_dtype) for m in members]
+        bufs = [TileBuffer(v[1], self._input_on_chip_bytes(k, v[2])) for k, v in ins.items()]
+        bufs += [TileBuffer(self.nodes[m].out_elems, self.on_chip_bytes(m)) for m in members]
         row = self.resident_row(members)
         min_tile = row if row else max(1, self.target.ub_align // 4)
         check = ub_check(bufs, min_tile, self.target)
         if check.fits and any(self.nodes[m].cube for m in members):
-            l0 = l0_check(max(self.nodes[m].out_dtype for m in members), self.target)
+            l0 = l0_check(max(self.on_chip_bytes(m) for m in members), self.target)
             if not l0.fits:
                 return l0
         return check

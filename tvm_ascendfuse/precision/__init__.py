@@ -2,7 +2,9 @@
 
 ``Float32ComputePass`` (before graph fusion) computes a 16-bit model in float32; ``SixteenBitStoragePass``
 (after scheduling) makes the kernels load and store their GM tensors in the plan's 16-bit dtype;
-``RoundWeightsPass`` (after graph fusion) gives a float32 model converted by a mode its 16-bit weight values.
+``RoundWeightsPass`` (after graph fusion) gives a float32 model converted by a mode its 16-bit weight values;
+``on_chip.MarkOnChipDtype`` (after FuseTIR) marks the kernels whose tiles the NPU holds in 16 bits, for the
+capacity checks of the grouping, the schedule rules and the verification.
 """
 
 from .compute_fp32 import Float32ComputePass

@@ -28,6 +28,7 @@ from ..analysis.ub_usage import (ON_CHIP_SCOPES, Overflow, canonical_scope, firs
 from ..passbase import PyPass
 from ..progress import bar
 from ..report import FusionReport
+from ..precision.on_chip import kernel_target
 from ..target import AscendTarget, get_target
 from .analysis import reduction_kinds
 from .attention import AttentionRule
@@ -49,6 +50,7 @@ from .gemv import GemvRule
 from .row_dot import RowDotRule
 from .indices import simplify_indices
 from .matmul import MatmulRule
+from .matmul_bf16 import Bf16MatmulRule
 from .matmul_int8 import Int8MatmulRule
 from .multi_gemm import MultiGemmRule
 from .padded_conv import PaddedConv2dRule
@@ -66,7 +68,8 @@ from .tuned import tuned_rules
 # softmax) and several independent products (SwiGLU) precede the single-GEMM rule, which would otherwise treat
 # one product as another's prologue.
 DEFAULT_RULES = (RecurrenceRule, FlashDecodeRule, SqueezeExciteRule, GemvRule, DecodeAttentionRule, RowDotRule,
-                 AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, Int8MatmulRule, MatmulRule,
+                 AttentionProjectionRule, AttentionRule, ChainedGemmRule, MultiGemmRule, Int8MatmulRule, Bf16MatmulRule,
+                 MatmulRule,
                  Int8Conv2dRule, PaddedConv2dRule, Conv2dRule,
                  GroupedConv2dRule, DepthwiseConv2dRule, PoolRule,
                  GemmNormRule, ReductionRule, ElementwiseRule, FallbackRule)
@@ -200,18 +203,20 @@ class ApplyUBSchedules(PyPass):
         of a schedule over on-chip capacity and what was done about it (``ub_overflow_recovered``)."""
         notes, errors, overflows = [], [], []
         prepared = prepared_kernel(func)
+        # the rules size tiles in the bytes the kernel's tensors take on the NPU (16 bits under a 16-bit plan)
+        target = kernel_target(self.target, func)
         products = product_blocks(prepared)
         for rule in self._rules(host):
             if products < rule.min_products:
                 continue
-            result = self._attempt(rule, prepared, self.target, host, errors)
+            result = self._attempt(rule, prepared, target, host, errors)
             if result is None:
                 continue
             if isinstance(result, Declined):
                 notes.append(f"{rule.name}: {result.reason}")
                 continue
             new = result.sch.mod["main"]
-            symbolic, over = _on_chip(name, new, self.target)
+            symbolic, over = _on_chip(name, new, target)
             if symbolic:
                 # TVM cannot lower an on-chip (tagged) buffer of symbolic size ("Special tagged memory must be
                 # const size"): a rule that left one, e.g. a full symbolic-length row staged in UB, declines.
@@ -220,7 +225,7 @@ class ApplyUBSchedules(PyPass):
             if over is not None:
                 record = {**over.to_dict(), "rule": rule.name}
                 overflows.append(record)
-                retried = self._smaller_tiles(rule, prepared, name, host, over, errors)
+                retried = self._smaller_tiles(rule, prepared, name, host, over, errors, target)
                 if retried is None:
                     record["action"] = "next_rule"
                     notes.append(f"{rule.name}: declined, its schedule needs {over.needed} bytes of {over.scope} "
@@ -261,15 +266,15 @@ class ApplyUBSchedules(PyPass):
             errors.append({"rule": rule.name, "message": _message(err)})
             return None
 
-    def _smaller_tiles(self, rule, prepared, name, host, over: Overflow, errors):
+    def _smaller_tiles(self, rule, prepared, name, host, over: Overflow, errors, target):
         """(schedule, the target it was sized for) of ``rule`` asked again with less of the overflowing
         buffer, when it then fits the real target; else None."""
         for factor in RETRY_FACTORS:
-            smaller = shrunk(self.target, over, factor)
+            smaller = shrunk(target, over, factor)
             result = self._attempt(rule, prepared, smaller, host, errors)
             if not isinstance(result, Scheduled):
                 return None     # declined for the smaller buffer
-            symbolic, again = _on_chip(name, result.sch.mod["main"], self.target)
+            symbolic, again = _on_chip(name, result.sch.mod["main"], target)
             if not symbolic and again is None:
                 return result, smaller
         return None

@@ -20,7 +20,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 from ..target import AscendTarget
 from .analysis import is_cheap, is_contraction, is_copy, leading_spatial, reduction_between_products
 from .base import UB_SCOPE, ScheduleRule
-from .common import (block_infos, blocks_under, buffer_bytes, extent, innermost_vector, is_output_block, loops_through,
+from .common import (block_infos, blocks_under, buffer_bytes, extent, on_chip_bytes, innermost_vector, is_output_block, loops_through,
                      num_cores, ok, root_blocks, still_exists, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction
 from .partial_sums import vectorize_rf
@@ -104,15 +104,18 @@ class AttentionRule(ScheduleRule):
         batch = math.prod(d if isinstance(d, int) else 1 for d in c2.dom()[:nb])
         sq = c2.dom()[nb]
         sq_static = sq if isinstance(sq, int) else 256
-        head_bytes, row_bytes = 0, sk * 4 * len(row_stages) + d_static * dtype_bytes * 2
+        # in the bytes they take on chip (16 bits for a kernel a precision mode stores in 16 bits)
+        chip = on_chip_bytes(sch.get(c2.block_rv).writes[0].source, target)
+        head_bytes = 0
+        row_bytes = sk * target.element_bytes("float32") * len(row_stages) + d_static * chip * 2
         panels = set()                                  # stages computed once per head, not per row block
         for b in staged:
             if any(b.same_as(r) for r in row_stages):
                 continue
             if _row_indexed(sch, c1.block_rv, b):      # Q rows: only the block's rows are needed per step
-                row_bytes += _per_head_bytes(sch, b, batch) // max(1, sq_static)
+                row_bytes += _per_head_bytes(sch, b, batch, target) // max(1, sq_static)
             else:                                       # Kᵀ / V panels: once per head
-                head_bytes += _per_head_bytes(sch, b, batch)
+                head_bytes += _per_head_bytes(sch, b, batch, target)
                 if not b.same_as(c1.block_rv):
                     panels.add(sch.get(b).name_hint)
         copies = 2 if target.double_buffer else 1
@@ -240,9 +243,9 @@ def _row_indexed(sch, product, block) -> bool:
     return False
 
 
-def _per_head_bytes(sch, block, batch: int) -> int:
+def _per_head_bytes(sch, block, batch: int, target) -> int:
     """Bytes of one head's share of a stage's buffer (its whole buffer over the batch·head count; symbolic
     batch dims are left out of both)."""
     buf = sch.get(block).writes[0].source
     dims = [int(d) for d in buf.shape if isinstance(d, tirx.IntImm)]
-    return math.prod(dims) * buffer_bytes(buf) // max(1, batch)
+    return math.prod(dims) * on_chip_bytes(buf, target) // max(1, batch)

@@ -196,7 +196,7 @@ class AttentionProjectionRule(ScheduleRule):
             return None
         norm_after = any(has_reduce(sch, get(n)) for n in order[at[proj] + 1:] if try_(get, n) is not None)
         query_k = extent(sch, sch.get_loops(get(query))[-1]) if query is not None else 0
-        check = attention_row_block(heads, d, keys, n2, rows, target, 4, norm_after=norm_after,
+        check = attention_row_block(heads, d, keys, n2, rows, target, target.element_bytes("float32"), norm_after=norm_after,
                                     query_k=query_k or 0, query_norm=norm["out"] is not None)
         if not check.fits:
             return None             # one query row does not fit (the grouping pass refuses such a group)

@@ -37,7 +37,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget, get_target
 from ..tiling import PANEL_COLS as PANEL
-from ..tiling import accumulator_in_l0c, chain_row_block, staged_rows_bytes
+from ..tiling import ACCUMULATOR_BYTES, accumulator_in_l0c, chain_row_block, staged_rows_bytes
 from .analysis import block_name, closure, float32_only, has_reduce, is_contraction, match_norm_prologue
 from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule, Scheduled
 from .common import (
@@ -162,7 +162,7 @@ class ChainedGemmRule(ScheduleRule):
         norm = plan["norm"]
         k1 = fdom[-1]
         norm_after = any(has_reduce(sch, get(n)) for n in after if try_(get, n) is not None)
-        check = chain_row_block(n1, n2, panel, len(first), rows, target, 4,
+        check = chain_row_block(n1, n2, panel, len(first), rows, target, target.element_bytes("float32"),
                                 staged_row=k1 if norm["out"] else 0, norm_after=norm_after)
         if not check.fits:
             return None             # one row does not fit UB (the grouping pass refuses such a chain)
@@ -171,7 +171,7 @@ class ChainedGemmRule(ScheduleRule):
         acc_scope = L0C_SCOPE if accumulator_in_l0c(n2, target) else UB_SCOPE
         most = check.tile_elems                  # rows per block the capacity allows
         if acc_scope == L0C_SCOPE:
-            most = min(most, target.capacity(L0C_SCOPE) // target.align_up(n2 * 4, "l0c"))
+            most = min(most, target.capacity(L0C_SCOPE) // target.align_up(n2 * ACCUMULATOR_BYTES, "l0c"))
         out_loops = sch.get_loops(get(after[-1]))
         channels_first = _channels_first_output(sch, out_loops, rows, n2)
         # rows spread over several loops (N, H, W): a row block must cover whole inner rows (a divisor of W, or
@@ -272,7 +272,7 @@ class ChainedGemmRule(ScheduleRule):
         note = f"row block {m} rows, intermediate panel {panel}, tiles {mr1}x{nvec1 * v1} / {mr2}x{nvec2 * v2}"
         if norm["out"]:
             note += (f", norm prologue: normalised input rows staged in L1 "
-                     f"({staged_rows_bytes(m, k1, target)} B of {target.capacity(L1_SCOPE)} B)")
+                     f"({staged_rows_bytes(m, k1, target, target.element_bytes('float32'))} B of {target.capacity(L1_SCOPE)} B)")
         sch.annotate(second, "ascendfuse.schedule", note)
         return Scheduled(sch, note)
 

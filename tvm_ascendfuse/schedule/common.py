@@ -137,6 +137,13 @@ def buffer_bytes(buf) -> int:
     return dtype_bytes(buf.dtype)
 
 
+def on_chip_bytes(buf, target, scope: str = "ub") -> int:
+    """Bytes one element of ``buf`` takes on the NPU's chip: what capacity checks count (a kernel stored in
+    16 bits holds its float32 tiles in 16 bits there, ``target.float_bytes``); ``buffer_bytes`` is what the
+    host computes in (vector lanes)."""
+    return target.element_bytes(buf.dtype, scope)
+
+
 def block_infos(sch: s_tir.Schedule):
     """dlight's normal form of the function's blocks (iter kinds S/R/O per block), or None."""
     return normalize_prim_func(sch)

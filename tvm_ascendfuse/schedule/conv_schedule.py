@@ -88,7 +88,7 @@ def conv_candidates(default: ConvChoice, oc: int, ow: int, dtype: str, hv: HostV
     within usable UB; ``accept(tiles)``: the path's own check, e.g. the channel chunks of a small plane),
     each with every block count of ``row_blocks`` (already L1-checked by the caller)."""
     vl, acc = default.tiles.vl, hv.accumulators
-    nbytes = dtype_bytes(dtype)
+    nbytes = target.element_bytes(dtype)
     copies = 2 if target.double_buffer else 1
     blocks = [default.row_blocks] + [b for b in row_blocks if b != default.row_blocks]
     out = [default]
@@ -157,7 +157,7 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
     if ow % owr:
         # full vectors: one or two of them; narrower ones keep the count that covers the channels
         ocr, owr = _tail_free_block(oc, ow, vl, acc, (1, 2) if vl == lanes else (ocr,)) or (ocr, owr)
-    nbytes = dtype_bytes(dtype)
+    nbytes = target.element_bytes(dtype)
     copies = 2 if target.double_buffer else 1
     while owr > 1 and copies * target.align_up(ocr * vl * owr * nbytes) > target.ub_usable:
         owr //= 2
@@ -236,7 +236,7 @@ def _wants_nchwc(opts: ConvOptions, sch, conv, info, ic, icb) -> bool:
     w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
     if None in d_shape or None in w_shape:
         return False
-    plane = d_shape[2] * d_shape[3] * dtype_bytes(info.out_dtype)
+    plane = d_shape[2] * d_shape[3] * dtype_bytes(info.out_dtype)     # host memory: the bytes computed in
     wide = opts.nchwc_min_ic is not None and ic >= opts.nchwc_min_ic
     return plane >= opts.nchwc_min_plane and (w_shape[2] * w_shape[3] == 1 or wide)
 
@@ -252,7 +252,7 @@ def _channel_chunk(opts: ConvOptions, ic, sch, conv, ow, target, info) -> int | 
     d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
     if ic is None or None in w_shape or None in d_shape or w_shape[2] * w_shape[3] == 1:
         return None
-    per_channel = w_shape[2] * d_shape[3] * dtype_bytes(info.out_dtype)
+    per_channel = w_shape[2] * d_shape[3] * target.element_bytes(info.out_dtype)
     budget = target.ub_usable // 4
     if ic * per_channel <= budget:
         return None
@@ -289,7 +289,7 @@ def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles,
         return None
     if not opts.chunk_one_block_rows and w_shape[2] == w_shape[3] == 1 and ow <= max(1, hv.accumulators // 2):
         return None
-    nbytes = dtype_bytes(info.out_dtype)
+    nbytes = target.element_bytes(info.out_dtype)
     budget = target.ub_usable // 4
     fit = oh
     while fit > 1 and (oh % fit or fit * ow * t.ocb * nbytes > budget):
@@ -763,7 +763,7 @@ def _padded_rows_fit(sch, pad, oh: int, info: ConvBlock, target: AscendTarget):
     if len(shape) != 4 or None in shape or kh is None:
         return None
     _, c, ph, pw = shape
-    nbytes = dtype_bytes(sch.get(pad).writes[0].source.ty.dtype)
+    nbytes = target.element_bytes(sch.get(pad).writes[0].source.ty.dtype, "l1")
     return lambda rows: min(ph, -(-rows * ph // oh) + kh - 1) * c * pw * nbytes <= target.l1_bytes
 
 

@@ -36,7 +36,6 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, sym, tirx
 
-from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import LOAD, GroupedConvBlock, has_reduce, match_depthwise_conv2d
 from .base import UB_SCOPE, Declined, ScheduleRule, Scheduled
@@ -107,7 +106,7 @@ def choose_depthwise_tiles(channels: int, oh: int, ow: int, padded_w: int, batch
     fits."""
     vl = _lanes(channels, info.out_dtype, hv)
     owr = _columns(ow)
-    nbytes = dtype_bytes(info.out_dtype)
+    nbytes = target.element_bytes(info.out_dtype)
     fits = [r for r in range(oh, 0, -1) if oh % r == 0
             and stage_bytes(r, info, padded_w, vl, owr, nbytes, target) <= target.ub_usable]
     if not fits:
@@ -127,7 +126,7 @@ def depthwise_candidates(default: DepthwiseTiles, channels: int, oh: int, ow: in
     """Tiles a tuner may try: the default first, then output rows per tile (dividing OH, at least a tile per
     core) x output columns per register block (dividing OW, at most MAX_COLUMNS) whose tile passes the rule's
     UB check (``stage_bytes``); changes of one of the two first (at most MAX_CANDIDATES in all)."""
-    nbytes = dtype_bytes(info.out_dtype)
+    nbytes = target.element_bytes(info.out_dtype)
     blocks = (batch or 1) * (channels // default.vl)
     rows = [r for r in range(1, oh + 1) if oh % r == 0 and blocks * (oh // r) >= min(cores, blocks * oh)]
     cols = sorted({d for d in range(2, min(ow, MAX_COLUMNS) + 1) if ow % d == 0} | {default.owr})
@@ -205,7 +204,7 @@ class DepthwiseConv2dRule(ScheduleRule):
         t = choose_depthwise_tiles(channels, oh, ow, padded[3], extent(sch, n), info, hv, target)
         if t is None:
             one = stage_bytes(1, info, padded[3], _lanes(channels, info.out_dtype, hv), _columns(ow),
-                              dtype_bytes(info.out_dtype), target)
+                              target.element_bytes(info.out_dtype), target)
             return Declined(f"the tile of one output row needs {one} B of UB, usable {target.ub_usable} B")
         t = self.choose(sch, t, lambda: depthwise_candidates(t, channels, oh, ow, padded[3], extent(sch, n), info,
                                                              target, hv.cores))

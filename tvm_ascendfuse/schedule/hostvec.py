@@ -54,3 +54,9 @@ def has_int8_dot(host) -> bool:
     """The host has AVX-512 VNNI's ``vpdpbusd`` (u8 x s8 products summed in fours into int32 lanes)."""
     host = host_of(host)
     return host is not None and host.kind.name == "llvm" and _has("avx512vnni", host)
+
+
+def has_bf16_dot(host) -> bool:
+    """The host has AVX512-BF16's ``vdpbf16ps`` (bf16 pairs summed into float32 lanes)."""
+    host = host_of(host)
+    return host is not None and host.kind.name == "llvm" and _has("avx512bf16", host)

@@ -14,21 +14,22 @@ from tvm import s_tir
 
 from ..target import AscendTarget
 from .base import UB_SCOPE
-from .common import buffer_bytes, extent, innermost_vector, num_cores, try_, vector_lanes
+from .common import buffer_bytes, extent, innermost_vector, num_cores, on_chip_bytes, try_, vector_lanes
 
 # Below this many output elements a parallel launch costs more than it saves.
 MIN_PARALLEL_ELEMENTS = 16384
 
 
-def working_bytes_per_element(sch: s_tir.Schedule, block) -> int:
-    """Bytes one output element drags through UB: every distinct buffer read plus the one written."""
+def working_bytes_per_element(sch: s_tir.Schedule, block, target: AscendTarget) -> int:
+    """Bytes one output element drags through UB: every distinct buffer read plus the one written (in the
+    bytes they take on chip)."""
     stmt = sch.get(block)
     seen, total = [], 0
     for region in list(stmt.reads) + list(stmt.writes):
         if any(region.source.same_as(b) for b in seen):
             continue
         seen.append(region.source)
-        total += buffer_bytes(region.source)
+        total += on_chip_bytes(region.source, target)
     return max(total, 1)
 
 
@@ -40,7 +41,7 @@ def tile_injective(sch: s_tir.Schedule, block, target: AscendTarget, host, stage
     out_buf = sch.get(block).writes[0].source
     out_bytes = buffer_bytes(out_buf)
     lanes = vector_lanes(host, out_bytes * 8)
-    per_elem = working_bytes_per_element(sch, block)
+    per_elem = working_bytes_per_element(sch, block, target)
     copies = 2 if target.double_buffer else 1
     align = max(1, target.ub_align // out_bytes, lanes)
     budget = max(align, (target.ub_usable // (copies * per_elem)) // align * align - align)

@@ -91,7 +91,7 @@ def choose_tiles(m_ext, n_ext, k_ext, dtype: str, hv: HostVector, target: Ascend
 
 def _ub_bytes(mr: int, nr: int, dtype: str, target: AscendTarget) -> tuple[int, int, int]:
     """(accumulator bytes, A row + B row bytes per k step, copies): the UB model of one register block."""
-    nbytes = dtype_bytes(dtype)
+    nbytes = target.element_bytes(dtype)
     copies = 2 if target.double_buffer else 1
     acc_bytes = target.align_up(mr * nr * nbytes)
     per_k = target.align_up(mr * nbytes) + target.align_up(nr * nbytes)
@@ -123,7 +123,7 @@ def planned_ub_bytes(t: GemmTiles, dtype: str, target: AscendTarget, stage_a: bo
     """UB bytes the schedule may allocate by the rule's plan: the accumulator tile, plus the A panel of one K
     chunk when it is staged in UB (its double buffering is the NPU's DMA, not an allocation here)."""
     acc_bytes, _, _ = _ub_bytes(t.mr, t.nr, dtype, target)
-    return acc_bytes + (target.align_up(t.mr * t.kc * dtype_bytes(dtype)) if stage_a else 0)
+    return acc_bytes + (target.align_up(t.mr * t.kc * target.element_bytes(dtype)) if stage_a else 0)
 
 
 def _ub_bytes_used(sch, target: AscendTarget) -> int:
@@ -390,7 +390,7 @@ def _l1_panel_blocks(m_ext, k_ext, t: GemmTiles, dtype: str, target: AscendTarge
     if m_ext is None or k_ext is None:
         return 0
     copies = 2 if target.double_buffer else 1
-    row_bytes = k_ext * dtype_bytes(dtype)
+    row_bytes = k_ext * target.element_bytes(dtype, L1_SCOPE)
     cap = target.capacity(L1_SCOPE) // copies // (t.mr * row_bytes)
     if cap < 2:
         return 0

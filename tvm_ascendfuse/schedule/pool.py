@@ -33,6 +33,7 @@ from .channel_pad import WEIGHT_PAD_BLOCK, pack_padded_weight, pad_conv_output_c
 from .common import (
     as_target,
     buffer_bytes,
+    on_chip_bytes,
     extent,
     num_cores,
     ok,
@@ -216,7 +217,7 @@ class PoolRule(ScheduleRule):
         channels, rows, cols = extent(sch, c), extent(sch, y), extent(sch, x)
         if None in (channels, rows, cols):
             return False
-        nbytes = buffer_bytes(pool.source)
+        nbytes = on_chip_bytes(pool.source, target)
         cb, rb = choose_pool_tile(channels, rows, cols, pool, nbytes, target, num_cores(host))
         cb, rb = self.choose(sch, (cb, rb), lambda: pool_tile_candidates(
             (cb, rb), channels, rows, cols, pool, nbytes, target, num_cores(host)))

@@ -19,7 +19,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import conv_block_head, is_contraction, leading_spatial, uses_var
 from .base import UB_SCOPE, ScheduleRule, Scheduled
-from .common import (block_infos, blocks_under, buffer_bytes, extent, get_realize, innermost_vector, is_output_block,
+from .common import (block_infos, blocks_under, buffer_bytes, extent, on_chip_bytes, get_realize, innermost_vector, is_output_block,
                      largest_divisor, loops_through, num_cores, ok, parallel_vector, root_blocks,
                      still_exists, transitive_producers, try_, vector_lanes, vector_storable, vector_width_for)
 from .contraction import (contiguous_along_output, inline_operand_chain, micro_tile, pad_output_axis,
@@ -345,7 +345,8 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
     stmt = sch.get(last.block_rv)
     n_row_buffers = len(staged) + len(stmt.writes) + len(
         [r for r in stmt.reads if len(r.region) > nrow])
-    row_bytes = row_elems * (out_dtype_bits // 8) * max(1, n_row_buffers) * (2 if target.double_buffer else 1)
+    chip = on_chip_bytes(sch.get(last.block_rv).writes[0].source, target)   # what a row takes on chip
+    row_bytes = row_elems * chip * max(1, n_row_buffers) * (2 if target.double_buffer else 1)
     stage_rows = row_bytes <= target.ub_usable
     note = None
     if not stage_rows:
@@ -363,7 +364,7 @@ def schedule_rows(sch: s_tir.Schedule, infos, target: AscendTarget, host, also=(
         rows = next(iter(red_rows))
         if choose is not None:
             choose(sch, 1, lambda: [1])     # no partial sums to widen: a space of one point
-        return (_strided_rows(sch, infos, staged, also, nrow, rows, row_elems * (out_dtype_bits // 8),
+        return (_strided_rows(sch, infos, staged, also, nrow, rows, row_elems * chip,
                               target, host, lanes), note)
 
     # 2. rfactor the row reductions into lane-wide partials (before compute_at), ``wide`` vectors of them

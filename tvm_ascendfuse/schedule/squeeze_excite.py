@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import LOAD, has_reduce, is_cheap, is_contraction, strip_cast, uses_var
 from .base import UB_SCOPE, ScheduleRule
-from .common import buffer_bytes, extent, ok, root_blocks, try_, vector_lanes, vector_width_for
+from .common import buffer_bytes, extent, on_chip_bytes, ok, root_blocks, try_, vector_lanes, vector_width_for
 from .layout import mark_prepack, packable_param
 from .partial_sums import partial_sum_width, vectorize_rf
 
@@ -145,7 +145,7 @@ class SqueezeExciteRule(ScheduleRule):
         for blk in fcs:
             buf = sch.get(blk).writes[0].source
             shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in buf.ty.shape]
-            if None in shape or math.prod(shape) * buffer_bytes(buf) > target.ub_usable // 4:
+            if None in shape or math.prod(shape) * on_chip_bytes(buf, target) > target.ub_usable // 4:
                 continue
             if not any(p.same_as(buf) for p in sch.mod["main"].params):
                 try_(sch.set_scope, blk, 0, UB_SCOPE)
