@@ -18,6 +18,7 @@ from .base import ScheduleRule
 from .common import root_blocks
 from .conv_schedule import ConvOptions, schedule_conv2d
 from .fast_math import use_fast_math
+from .gated_weight import gate_on_weight
 from .hostvec import host_vector
 
 
@@ -35,6 +36,7 @@ class Conv2dRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
+        func = gate_on_weight(func) or func     # an SE-gated input read as an ungated conv reads it
         return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
