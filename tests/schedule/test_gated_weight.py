@@ -108,3 +108,17 @@ def test_gated_input_also_an_output_stays_on_the_input():
     func = fused_kernel(build, [(1, 16, 14, 14), (1, 16, 1, 1), (32, 16, 1, 1), (1, 32, 1, 1)]) \
         .with_attr("layout_free_buffers", [2])
     assert gate_on_weight(func) is None
+
+
+def test_tuner_searches_the_prepared_kernel():
+    """The conv2d rule's ``prepare`` is the gate move, so a tuner searches (and keys its records by) the
+    kernel the rule schedules; its tile decision replays. An ungated conv is left as it is."""
+    from tests.schedule.kernels import assert_decision_replays
+    from tvm_ascendfuse.schedule.apply import _prepares
+
+    func = _kernel(_gated(act="relu"), (1, 96, 14, 14), 32)
+    prepared = Conv2dRule.prepare(func)
+    assert "ascendfuse.gated_weight" in prepared.script() and Conv2dRule.prepare in _prepares()
+    assert_decision_replays(tvm.IRModule({"main": prepared}), "conv2d", AVX512)
+    plain = fused_kernel(lambda x, w: op.nn.conv2d(x, w), [(1, 16, 14, 14), (32, 16, 1, 1)])
+    assert Conv2dRule.prepare(plain).same_as(plain)
