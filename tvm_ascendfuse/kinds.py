@@ -249,7 +249,7 @@ def _conv_operands(stmt):
         acc, prod = strip_cast(acc), strip_cast(prod)
         if not (isinstance(acc, LOAD) and acc.source.same_as(body.buffer) and isinstance(prod, tirx.Mul)):
             continue
-        ops = [strip_cast(prod.a), strip_cast(prod.b)]
+        ops = [_unscaled_weight(strip_cast(o), (f, rc, ry, rx), (n, rc)) for o in (prod.a, prod.b)]
         if not all(isinstance(o, LOAD) for o in ops):
             continue
         w = next((o for o in ops if _same(o.indices, [f, rc, ry, rx])), None)
@@ -258,6 +258,25 @@ def _conv_operands(stmt):
             continue
         found.append((d, w))
     return body, found
+
+
+def _unscaled_weight(op, weight_index, gate_index):
+    """The weight load of a weight scaled per input channel, ``W[f, rc, ry, rx] * G[n or 0, rc, 0, 0]`` (an
+    SE gate moved from the conv's input onto its weight, ``schedule/gated_weight.py``); ``op`` otherwise."""
+    if not isinstance(op, tirx.Mul):
+        return op
+    for w, g in ((op.a, op.b), (op.b, op.a)):
+        if not (isinstance(w, LOAD) and isinstance(g, LOAD) and _same(w.indices, list(weight_index))):
+            continue
+        if len(g.indices) == 4 and _same(g.indices[1:2], [gate_index[1]]) and (
+                _same(g.indices[:1], [gate_index[0]]) or _is_zero(g.indices[0])) \
+                and all(_is_zero(i) for i in g.indices[2:]):
+            return w
+    return op
+
+
+def _is_zero(e) -> bool:
+    return isinstance(e, tirx.IntImm) and int(e) == 0
 
 
 def _read_positions(stmt, d, w):

@@ -250,7 +250,7 @@ def test_plane_chunks_keep_two_tasks_per_core():
 
 
 def test_large_planes_keep_the_nchwc_input():
-    """1x1 on 56x56 (12.5 KB channel planes) on channel vectors (pixel vectors off: the path a gated input
+    """1x1 on 56x56 (12.5 KB channel planes) on channel vectors (pixel vectors off: the path a computed input
     takes): the input is still re-laid out NCHW[vl]c, no row blocks."""
     func = fused_kernel(conv_bias_relu(1, 0), [(1, 128, 56, 56), (32, 128, 1, 1), (1, 32, 1, 1)])
     script = Conv2dRule(pixel_vectors=False).apply(func, NPU, NATIVE).mod.script()
@@ -266,7 +266,7 @@ def test_large_planes_keep_the_nchwc_input():
 ])
 def test_pointwise_on_large_planes_takes_one_vector_of_channels(xs, ws, stride, residual):
     """1x1 convs on planes too large for the plane chunks, on channel vectors (pixel vectors off: the path
-    a gated input takes): one vector of output channels x 8 columns on AVX-512 (the store transpose's
+    a computed input takes): one vector of output channels x 8 columns on AVX-512 (the store transpose's
     tile), and the unscheduled kernel's numbers (odd channels, batch 2, strided, widths not a multiple of
     8, channels not a multiple of the vector), with the default rule too."""
     oh, ow = (xs[2] - 1) // stride + 1, (xs[3] - 1) // stride + 1
@@ -482,15 +482,14 @@ def test_pointwise_on_pixel_vectors(n, ic, oc, h, w, act, residual, dtype):
     (lambda x, w, b: op.add(op.nn.conv2d(x, w, strides=2), b),                              # strided
      [(1, 16, 64, 64), (24, 16, 1, 1), (1, 24, 1, 1)]),
     (_narrow_pointwise("none", False), [(1, 16, 28, 28), (24, 16, 1, 1), (1, 24, 1, 1)]),    # 49 vectors
-    (lambda x, g, w, b: op.add(op.nn.conv2d(op.multiply(x, g), w), b),                     # SE gate prologue
-     [(1, 16, 32, 32), (1, 16, 1, 1), (24, 16, 1, 1), (1, 24, 1, 1)]),
     (_narrow_pointwise("none", False), [(1, 16, 32, 32), (10, 16, 1, 1), (1, 10, 1, 1)]),    # no block
-], ids=["few_blocks", "strided", "ragged_plane", "gated_input", "ten_channels"])
+], ids=["few_blocks", "strided", "ragged_plane", "ten_channels"])
 def test_other_pointwise_convs_keep_channel_vectors(build, shapes):
     """A plane of fewer pixel blocks than 4 per core, a strided conv, a plane no block of pixel vectors
-    divides (28x28: 49 vectors), an input with a prologue (an SE gate), and channels no register block of
-    at most one load per two FMAs divides (10) keep the channel-vector register block; numbers exact."""
-    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [2 if len(shapes) == 4 else 1])
+    divides (28x28: 49 vectors), and channels no register block of at most one load per two FMAs divides
+    (10) keep the channel-vector register block; numbers exact. (An SE-gated input takes pixel vectors
+    like an ungated one: ``test_gated_weight.py``.)"""
+    func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [1])
     avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
     assert "pixel vectors" not in Conv2dRule().apply(func, NPU, avx512).mod.script()
     check_rule(Conv2dRule(), func, host=NATIVE)

@@ -6,7 +6,7 @@ inputs and from per-channel values can run while staging, so their result never 
 
 * per-channel affine maps and activations: DenseNet's pre-activation ``BN -> ReLU`` in front of a 1x1 conv
   (the BN as ``x * s + t``, see ``BatchnormScaleFusionPass``), SE's channel-wise ``x * gate`` in front of the
-  projection conv;
+  projection conv (which the conv rules then move onto the weight, ``schedule/gated_weight.py``);
 * injective ops (concat, channel slice, reshape): the conv reads the concat's parts where they are.
 
 Accepted in front of a conv's data operand (``prologue_op``): injective ops, and elementwise/broadcast ops

@@ -18,6 +18,7 @@ from .base import ScheduleRule
 from .common import root_blocks
 from .conv_schedule import ConvOptions, schedule_conv2d
 from .fast_math import use_fast_math
+from .gated_weight import gate_on_weight
 from .hostvec import host_vector
 
 
@@ -35,7 +36,15 @@ class Conv2dRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
+        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(self.prepare(func))})),
+                             target, host)
+
+    @staticmethod
+    def prepare(func: tirx.PrimFunc) -> tirx.PrimFunc:
+        """The kernel as the rule schedules it (``base.ScheduleRule.prepare``): an SE-gated input moved onto
+        the weight (``gated_weight.py``), so the conv reads its input as an ungated conv does; other kernels
+        unchanged. The tuner searches, and its records are keyed by, this form."""
+        return gate_on_weight(func) or func
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""

@@ -519,8 +519,10 @@ def _pixel_vector_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_d
     dividing OC and pv vectors dividing the plane, at most one load (a pixel vector or a broadcast weight)
     per two FMAs, the more balanced one on a tie, and at least PIXEL_TASKS_PER_CORE pixel blocks per core. Other
     planes (7x7, 14x14, 28x28: 49 or 12.25 vectors; small ones) keep the channel-vector path and its channel
-    chunks, which reuse a chunk of weights across the whole plane. Applies where the conv reads an input of the function itself (a prologue like an SE gate is
-    applied once per element in the staged input instead) and no tuner chooses the register block."""
+    chunks, which reuse a chunk of weights across the whole plane. Applies where the conv reads an input of
+    the function itself (a prologue like a BN + ReLU is
+    applied once per element in the staged input instead; an SE gate reaches the conv on its weight,
+    ``gated_weight.py``) and no tuner chooses the register block."""
     oc, oh, ow = out_dims
     if not opts.pixel_vectors or opts.tiles is not None or None in (oc, oh, ow):
         return None

@@ -27,6 +27,7 @@ from .channel_pad import WEIGHT_PAD_BLOCK, pack_padded_weight, pad_conv_output_c
 from .common import as_target, root_blocks
 from .conv_schedule import ConvOptions, schedule_conv2d
 from .fast_math import use_fast_math
+from .gated_weight import gate_on_weight
 from .hostvec import host_vector
 
 
@@ -39,6 +40,7 @@ class PaddedConv2dRule(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc):
             return None
         hv = host_vector(host)
+        func = gate_on_weight(func) or func     # an SE-gated input read as an ungated conv reads it
         sch = s_tir.Schedule(tvm.IRModule({"main": func}))
         conv = _the_conv(sch)
         if conv is None:

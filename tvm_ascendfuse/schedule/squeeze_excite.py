@@ -10,7 +10,9 @@ transcendental calls (sigmoid, exp) stay their own small loops so they are evalu
 squeeze sums each channel's plane as vector partial sums (``rfactor`` over lanes of the flattened H*W),
 parallel over channels when the plane is large; each FC keeps its output channels innermost in vector lanes
 with the reduction outside them (one broadcast input value times a vector of weights per step), its
-constant weight re-laid out once at compile time so the output channels are contiguous. The pooled vector,
+constant weight re-laid out once at compile time so the output channels are contiguous; an FC whose weight
+has ``FC_PARALLEL_MIN_BYTES`` or more (MobileNetV3's 960 x 240) runs its blocks of output channels on every
+core (it streams its weight once per call: one core's bandwidth bounds it). The pooled vector,
 the hidden vector and the FC accumulators are a few KiB, staged in ``local.UB``.
 """
 
@@ -30,6 +32,8 @@ from .partial_sums import partial_sum_width, vectorize_rf
 
 # Planes below this many elements per call are summed on one core (a fork/join costs more than the sum).
 PARALLEL_MIN_ELEMENTS = 32768
+# an FC whose weight has at least this many bytes runs its blocks of output channels on every core
+FC_PARALLEL_MIN_BYTES = 1 << 17
 
 
 class SqueezeExciteRule(ScheduleRule):
@@ -115,16 +119,18 @@ class SqueezeExciteRule(ScheduleRule):
             return
         at = wide[-1]
         _relayout_weight(sch, block, loops[at])
-        ch = extent(sch, loops[at])
+        ch, k = extent(sch, loops[at]), extent(sch, rwide[0])
+        nbytes = buffer_bytes(sch.get(block).writes[0].source)
+        par = None not in (ch, k) and ch * k * nbytes >= FC_PARALLEL_MIN_BYTES
         if ch is None or ch <= lanes or ch % lanes == 0:
-            _fc_part(sch, block, at, min(lanes, ch) if ch is not None else lanes)
+            _fc_part(sch, block, at, min(lanes, ch) if ch is not None else lanes, par)
             return
         main = ch // lanes * lanes
         parts = try_(sch.loop_partition, loops[at], [main, None])
         if parts is None:
-            _fc_part(sch, block, at, lanes)
+            _fc_part(sch, block, at, lanes, par)
             return
-        _fc_part(sch, sch.get_child_blocks(parts[0])[0], at, lanes)
+        _fc_part(sch, sch.get_child_blocks(parts[0])[0], at, lanes, par)
         _fc_part(sch, sch.get_child_blocks(parts[1])[0], at, ch - main)
 
     @staticmethod
@@ -151,7 +157,7 @@ class SqueezeExciteRule(ScheduleRule):
                 try_(sch.set_scope, blk, 0, UB_SCOPE)
 
 
-def _fc_part(sch, block, at: int, v: int) -> None:
+def _fc_part(sch, block, at: int, v: int, parallel: bool = False) -> None:
     """One FC block's loops: the loop of its output-channel iterator (index ``at``) split by ``v`` with the
     vector innermost and the reduction loops outside it. Loops are told apart by the iterators their
     variables bind (after ``loop_partition`` the part's loops start below a wrapping block). Vectorised
@@ -178,6 +184,8 @@ def _fc_part(sch, block, at: int, v: int) -> None:
     else:
         fo, fi = sch.split(ch[0], [None, v])
         sch.reorder(*others, fo, *reduce, fi)
+        if parallel:
+            try_(sch.parallel, fo)
     if v > 1:
         try_(sch.vectorize, fi)
     rwide = [lp for lp in reduce if extent(sch, lp) != 1] or reduce
