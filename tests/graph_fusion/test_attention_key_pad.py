@@ -10,6 +10,7 @@ from tvm import relax
 from tests.graph_fusion.common import assert_same_after, assert_switched_off, build, ops, run_pass
 from tests.helpers import assert_same_numbers
 from tvm_ascendfuse.graph_fusion import AttentionKeyPadFusionPass
+from tvm_ascendfuse.graph_fusion.attention_key_pad import query_row_pad
 
 RNG = np.random.default_rng(5)
 C = lambda *s: relax.const(RNG.standard_normal(s).astype("float32") * 0.3)  # noqa: E731
@@ -59,7 +60,27 @@ def test_odd_key_counts_padded_to_whole_vectors_same_numbers(seq, batch):
     out, rec = run_pass(AttentionKeyPadFusionPass, mod)
     assert (rec.match_times, rec.effect_times) == (1, 1)
     assert _softmax_width(out) == -(-seq // 16) * 16
-    assert ops(out).count("nn.pad") == 2                 # K and V, nothing else copied
+    # K and V, and Q when its rows grow to whole 8-row blocks (77 -> 80; 33 and 37 are short rows)
+    assert ops(out).count("nn.pad") == 2 + (query_row_pad(seq) > 0)
+    assert_same_after(mod, out)
+
+
+@pytest.mark.parametrize("seq,masked", [(77, False), (197, False), (77, True)])
+def test_query_rows_padded_to_whole_row_blocks_same_numbers(seq, masked):
+    """ViT's 197 query rows (77 here too) grow to a multiple of 8 with zero rows, so the attention kernel's
+    blocks of rows divide them (no predicated row tail in its products and softmax); the output is sliced
+    back to the real rows. A causal mask, which has a row per query, is padded along its rows too."""
+    mask = None
+    if masked:
+        mask = np.triu(np.full((seq, seq), np.finfo("float32").min, "float32"), 1).reshape(1, 1, seq, seq)
+    mod = vit_attention(seq, mask=mask)
+    out, rec = run_pass(AttentionKeyPadFusionPass, mod)
+    assert rec.effect_times == 1
+    body = ops(out)
+    assert body.count("strided_slice") == ops(mod).count("strided_slice") + 1
+    q_rows = [int(b.value.args[0].ty.shape[-2]) for blk in out["main"].body.blocks for b in blk.bindings
+              if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.softmax"]
+    assert q_rows == [seq + query_row_pad(seq)] and q_rows[0] % 8 == 0
     assert_same_after(mod, out)
 
 

@@ -1,5 +1,6 @@
 """AttentionRule: softmax(Q·Kᵀ·scale + mask)·V in one kernel, row-blocked, against the unscheduled kernel."""
 
+import numpy as np
 import pytest
 from tvm import tirx
 from tvm.relax import op
@@ -127,3 +128,44 @@ def test_exact_row_blocks_of_a_window_reverse():
     buf = pv.writes[0].source
     assert exact_row_blocks(tail, buf, 2, 49, [49, 32, 14, 7, 4, 2, 1]) == [49, 14, 7, 1]
     assert exact_row_blocks(pv, tail.writes[0].source, 2, 49, [7]) is None     # does not read it
+
+
+def padded_key_attention_kernel(h=3, s=37, d=16, keys_to=48):
+    """Attention as the graph pass leaves a key count no vector width divides (DeiT's 197 tokens): Kᵀ and V
+    zero-padded to ``keys_to`` keys, an additive mask row (4th parameter, ``key_pad_mask``) hiding them."""
+    def build(q, k, v, mask):
+        kt = op.nn.pad(op.permute_dims(k, [0, 1, 3, 2]), [0, 0, 0, 0, 0, 0, 0, keys_to - s])
+        vp = op.nn.pad(v, [0, 0, 0, 0, 0, keys_to - s, 0, 0])
+        sc = op.add(op.multiply(op.matmul(q, kt), relax_const(d ** -0.5)), mask)
+        return op.matmul(op.nn.softmax(sc, -1), vp)
+    return fused_kernel(build, [(1, h, s, d)] * 3 + [(keys_to,)])
+
+
+def key_pad_mask(s=37, keys_to=48):
+    return np.where(np.arange(keys_to) < s, 0.0, np.finfo("float32").min).astype("float32")
+
+
+def test_few_heads_query_groups_stage_panels_once_per_group():
+    """DeiT-Tiny's attention (three heads of 64, 197 tokens padded to 208 keys) on two cores: each head's
+    query blocks are cut into two parallel groups (six equal shares), and the padded Kᵀ and V panels are staged
+    once per (head, group), before the query-block loop, not once per query block; the numbers match the
+    unscheduled kernel."""
+    mod = check_rule(AttentionRule(), padded_key_attention_kernel(s=197, d=64, keys_to=208), host=NATIVE,
+                     fixed={3: key_pad_mask(197, 208)})
+    lines = mod["main"].script().splitlines()
+    par = next(line for line in lines if "T.parallel(" in line)
+    assert "T.parallel(T.int64(6))" in par, par
+    row_loop = next(i for i, line in enumerate(lines) if line.strip().startswith("for ") and " in range(" in line)
+    assert "range(T.int64(1))" not in lines[row_loop]       # several query blocks per group
+    pads = [i for i, line in enumerate(lines) if 'sblock("PadInput' in line]
+    assert len(pads) == 2 and all(i < row_loop for i in pads), (pads, row_loop)
+
+
+def test_query_groups():
+    from tvm_ascendfuse.schedule.attention import query_groups
+
+    assert query_groups(3, 25, 2) == 2          # 6 shares on 2 cores
+    assert query_groups(12, 25, 2) == 1         # heads alone fill the cores
+    assert query_groups(1, 25, 2) == 4
+    assert query_groups(5, 25, 4) == 4          # 20 shares: a multiple of the 4 cores
+    assert query_groups(1, 1, 2) == 1           # one query block: nothing to cut

@@ -18,6 +18,11 @@ than exp's range, so its probability is exactly 0; a row keeps its n real keys, 
 probabilities are those of the unpadded row; the padded V rows are zeros times zero probability.
 Key counts a 4-lane vector divides (Whisper's 1500) and short rows are left alone.
 
+The query rows get the same treatment (``query_row_pad``): 197 rows become 200 (Q and any mask with a row per
+query padded with zero rows, the output sliced back to the real rows), so the attention kernel's blocks of 8
+rows divide them and no product or softmax stage carries a row predicate; the slice goes into the kernel's
+head-merge epilogue. Exact: every row is computed on its own, the padded rows are dropped.
+
 The attention kernel takes the pads into its operand copies. With more keys per row, fewer query rows fit
 a block of scores: Swin-T's 49 window rows against 64 padded keys get blocks of 7 rows, the count its
 window-reverse epilogue follows exactly (``schedule/row_blocks.py``).
@@ -33,7 +38,18 @@ from ._graph import GraphRewritePass, Rewrite, op_name, static_dims
 
 KEY_MULTIPLE = 16       # a 16-lane (AVX-512 / 64-byte) vector of float32
 MIN_KEYS = 32           # shorter rows: the pads would cost about what the vectors save
+ROW_MULTIPLE = 8        # query rows: the attention kernel's register block and smallest block of rows
+MIN_QUERY_ROWS = 64     # fewer rows: the padded rows' share of the work outweighs the tail they remove
 _SCORE_OPS = ("relax.multiply", "relax.divide", "relax.add", "relax.subtract")
+
+
+def query_row_pad(rows) -> int:
+    """Zero query rows added so that the attention kernel's blocks of query rows (multiples of its 8-row
+    register block) divide the rows: 0 for short rows (Swin's 49-row windows would grow by a seventh) and
+    for counts 8 divides."""
+    if rows is None or rows < MIN_QUERY_ROWS or rows % ROW_MULTIPLE == 0:
+        return 0
+    return -rows % ROW_MULTIPLE
 
 
 def needs_pad(keys: int) -> bool:
@@ -90,8 +106,12 @@ class AttentionKeyPadFusionPass(GraphRewritePass):
         extra = padded - n
         key_mask = np.zeros(padded, dtype)
         key_mask[n:] = np.finfo(dtype).min
+        q_dims = static_dims(qk.args[0])
+        rows = s_dims[-2] if rank >= 2 else None
+        row_extra = query_row_pad(rows) if q_dims and len(q_dims) >= 2 and q_dims[-2] == rows else 0
 
-        value = relax.Call(qk.op, [qk.args[0], _pad_last(qk.args[1], -1, len(kt_dims), extra)], qk.attrs)
+        q = _pad_last(qk.args[0], -2, len(q_dims), row_extra) if row_extra else qk.args[0]
+        value = relax.Call(qk.op, [q, _pad_last(qk.args[1], -1, len(kt_dims), extra)], qk.attrs)
         mask_folded = False
         for i, c in enumerate(reversed(chain)):
             call = graph.value(c)
@@ -107,6 +127,8 @@ class AttentionKeyPadFusionPass(GraphRewritePass):
                     a = _pad_last(a, -1, len(a_dims), extra)
                 elif a_dims and a_dims[-1] != 1:
                     return None
+                if row_extra and len(a_dims) >= 2 and a_dims[-2] == rows:
+                    a = _pad_last(a, -2, len(a_dims), row_extra)     # a mask with a row per query
                 if i == len(chain) - 1 and op_name(call) == "relax.add":
                     a = relax.op.add(a, relax.const(key_mask))
                     mask_folded = True
@@ -118,5 +140,8 @@ class AttentionKeyPadFusionPass(GraphRewritePass):
         probs = relax.Call(sm.op, [value], sm.attrs)
         v_pad = _pad_last(v, -2, len(v_dims), extra)
         out = relax.Call(pv.op, [probs, v_pad], pv.attrs)
+        if row_extra:
+            out = relax.op.strided_slice(out, axes=[rank - 2], begin=[0], end=[rows])
         internal = {p_var, qk_var, *chain}
-        return Rewrite(var, out, internal, {"keys": n, "padded_keys": padded})
+        return Rewrite(var, out, internal, {"keys": n, "padded_keys": padded, "query_rows": rows,
+                                            "padded_query_rows": rows + row_extra if rows else rows})

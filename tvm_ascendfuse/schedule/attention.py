@@ -5,7 +5,9 @@ exponentials and probabilities live in ``local.UB`` together with the head's K�
 itself; the two contractions run as register-friendly loops (reduction outside, the contiguous output axis
 innermost and vectorised) and the softmax row reductions are vectorised through ``rfactor``. rb is the
 largest power of two whose working set, doubled for double buffering, fits usable UB. The blocks run in
-parallel over the host's cores. Tuning (``tunable.py``): rb is a sampled decision over the powers of two
+parallel over the host's cores: with at least two heads per core the head loop is the parallel one; with fewer
+(a small-width model) each head's query blocks are cut into a few parallel groups. Kᵀ and V (or their padded
+copies) are panels staged once per parallel share, never once per query block. Tuning (``tunable.py``): rb is a sampled decision over the powers of two
 that pass the same UB check, the rule's own rb first.
 """
 
@@ -96,8 +98,8 @@ class AttentionRule(ScheduleRule):
                     and ok(sch.compute_inline, blk)):
                 continue    # V cut out of a merged projection: P·V reads it in place, rows contiguous
             staged.append(blk)
-            if pos > i1:
-                row_stages.append(blk)
+            if pos > i1 and not _column_panel(sch, c2.block_rv, blk, consumers):
+                row_stages.append(blk)      # score-like rows (exp, probabilities); V's padded copy is a panel
 
         # Row block: scores-like rows (staged stages) + Kᵀ/prologue + output rows, double-buffered.
         d_static = d_out if isinstance(d_out, int) else 256
@@ -172,8 +174,15 @@ class AttentionRule(ScheduleRule):
         row = c2.iters[nb].loop_rv
         head = (sch.fuse(*head_loops) if len(head_loops) > 1 else head_loops[0]) if head_loops else None
         io, _ = sch.split(row, [None, rb])
+        groups = query_groups(batch, math.ceil(sq_static / rb), cores) if isinstance(sq, int) else 1
         if head is not None and panels and batch >= 2 * cores:
             tile, inner = head, io
+        elif head is not None and panels and groups > 1:
+            # Fewer heads than the cores want (a small-width Transformer: DeiT-Tiny's 3 heads on 2 cores):
+            # each head's query blocks are cut into a few groups that run in parallel, and the Kᵀ / V panels
+            # are staged once per (head, group), not once per query block (13x per head at 197 tokens).
+            go, inner = sch.split(io, [groups, None])
+            tile = sch.fuse(head, go)
         else:
             tile = inner = sch.fuse(head, io) if head is not None else io
             panels = set()
@@ -220,6 +229,19 @@ def row_block_candidates(default: int, rows: int, fits) -> list[int]:
     return out
 
 
+def query_groups(heads: int, blocks: int, cores: int) -> int:
+    """Parallel groups each head's ``blocks`` query blocks are cut into so that heads x groups gives every
+    core at least two equal shares: the fewest groups with heads·groups >= 2·cores and a multiple of the
+    cores (else the fewest reaching 2·cores), at most ``blocks``; 1 when the heads alone are enough."""
+    if heads >= 2 * cores or blocks < 2:
+        return 1
+    least = min(blocks, math.ceil(2 * cores / max(1, heads)))
+    for g in range(least, min(blocks, 4 * least) + 1):
+        if (heads * g) % cores == 0:
+            return g
+    return least
+
+
 def _eligible(func: tirx.PrimFunc) -> bool:
     if any(isinstance(p.ty, tirx.BufferType) and str(p.ty.dtype) == "bfloat16" for p in func.params):
         # bf16 is stored as uint16 on the host; this rule's vectorized stores then fail TVM's BF16
@@ -241,6 +263,13 @@ def _row_indexed(sch, product, block) -> bool:
         if region.source.same_as(buf):
             return any(row.name in {v.name for v in collect_vars_used_in_prim_expr(r.min)} for r in region.region)
     return False
+
+
+def _column_panel(sch, product, block, consumers) -> bool:
+    """Whether ``block`` feeds only ``product`` and not along its query rows: V (or its padded copy) for
+    P·V, whose whole head is read by every query block, so it is staged once per head like Kᵀ."""
+    return (len(consumers) == 1 and sch.get(consumers[0]).same_as(sch.get(product))
+            and not _row_indexed(sch, product, block))
 
 
 def _per_head_bytes(sch, block, batch: int, target) -> int:
