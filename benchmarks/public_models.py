@@ -136,12 +136,28 @@ def calibrate_batchnorm(model, shape, torch) -> None:
     model.eval()
 
 
+def randomize_zero_layers(model, torch) -> int:
+    """Give every Linear/Conv weight initialised to zeros random values; returns how many there were.
+
+    torchvision's ViT initialises its classifier head to zeros: the model's output is then its bias alone,
+    and an agreement check on it passes whatever the kernels before the head compute."""
+    layers = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
+    zero = [m for m in model.modules() if isinstance(m, layers) and not bool(m.weight.detach().any())]
+    g = torch.Generator().manual_seed(SEED + 2)
+    with torch.no_grad():
+        for m in zero:
+            fan_in = m.weight[0].numel()
+            m.weight.copy_(torch.randn(m.weight.shape, generator=g) / fan_in ** 0.5)
+    return len(zero)
+
+
 def _vision(arch: str, **kwargs):
     def build():
         torch = _torch()
         tv = import_torchvision()
         torch.manual_seed(SEED)
         model = getattr(tv.models, arch)(weights=None, **kwargs)
+        randomize_zero_layers(model, torch)
         calibrate_batchnorm(model, (1, 3, IMAGE, IMAGE), torch)
         return model.eval(), (torch.randn(1, 3, IMAGE, IMAGE),), ["input"]
     return build

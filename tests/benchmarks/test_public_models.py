@@ -42,6 +42,21 @@ def test_batchnorm_calibration_keeps_activations_at_unit_scale():
     assert before < 0.1 and 0.5 < after < 2.0
 
 
+def test_zero_initialised_layers_get_random_weights():
+    torch = pytest.importorskip("torch")
+    head = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        head.weight.zero_()
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), head)
+    kept = net[0].weight.detach().clone()
+    assert pm.randomize_zero_layers(net, torch) == 1
+    assert torch.equal(net[0].weight, kept)           # only the zero layer changes
+    x = torch.randn(3, 8)
+    out = net(x)                                      # the output now depends on the input
+    assert float((out - head.bias).abs().max()) > 1e-3
+    assert pm.randomize_zero_layers(net, torch) == 0
+
+
 def test_squeezenet_export(tmp_path):
     pytest.importorskip("torch")
     try:
