@@ -398,15 +398,19 @@ def test_conv_without_epilogue_stores_through_the_transpose():
 
 
 @pytest.mark.parametrize("xs,ws,act,residual,option,lanes", [
-    ((1, 16, 7, 7), (64, 16, 1, 1), "silu", True, True, False),      # residual read along the columns
+    ((1, 16, 16, 16), (64, 16, 1, 1), "silu", True, True, False),    # residual read along the columns
+    ((1, 16, 7, 7), (64, 16, 1, 1), "silu", True, True, True),       # ... unless the columns are odd (7)
+    ((1, 16, 5, 9), (32, 16, 1, 1), "relu", True, True, True),       # ... 9 columns, 3-column store transposes
     ((1, 16, 16, 16), (96, 16, 1, 1), "relu", False, True, False),   # 8x16 block, cheap epilogue: its own
     ((2, 16, 16, 16), (96, 16, 1, 1), "silu", False, True, True),    # ... store transpose; SiLU on lanes
     ((2, 16, 16, 16), (96, 16, 1, 1), "relu", False, "always", True),  # ... or when asked for, batch 2
 ])
 def test_epilogue_order_on_whole_columns(xs, ws, act, residual, option, lanes):
     """A residual epilogue (read contiguous along the columns, a gather on channel vectors) keeps the
-    NCHW-order epilogue; so does a cheap one (bias + ReLU) on the 8 x 16 register blocks the store transpose
-    serves, while SiLU (~30 ops an element) runs on channel vectors there too. Numbers exact either way."""
+    NCHW-order epilogue, except on an odd number of columns (7, 9), where that order would run on single
+    columns (a gather and a scatter per vector of channels); so does a cheap one (bias + ReLU) on the 8 x 16
+    register blocks the store transpose serves, while SiLU (~30 ops an element) runs on channel vectors there
+    too. Numbers exact either way."""
     shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], xs[2], xs[3])] if residual else [])
     func = fused_kernel(conv_bias_act(1, 0, act, residual), shapes).with_attr("layout_free_buffers", [1])
     avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})

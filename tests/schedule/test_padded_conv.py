@@ -167,3 +167,30 @@ def test_channel_shuffle_prologue_that_is_also_an_output(rule):
 
     func = fused_kernel(build, [(1, 58, 14, 14), (1, 58, 14, 14), (116, 116, 1, 1), (1, 116, 1, 1)])
     check_rule(rule(), func.with_attr("layout_free_buffers", [2]), host=NATIVE)
+
+
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+
+
+@pytest.mark.parametrize("xs,ws,residual", [
+    ((1, 32, 7, 7), (144, 32, 1, 1), False),     # 9 vectors of 16 on 7-column rows: 1 x 7 -> 2 x 7 on 160
+    ((1, 24, 7, 7), (144, 24, 1, 1), True),      # ... with a residual epilogue
+])
+def test_odd_vector_counts_on_short_rows_are_padded_to_pairs(xs, ws, residual):
+    """OC a multiple of the full vector but an odd count of them (RegNet's 400 and 784 channels) on a 7x7
+    plane: the conv2d rule's block would be one vector x 7 columns (7 accumulators); padded to an even
+    count it is two vectors x 7. Numbers equal to the unscheduled kernel where the host runs it so."""
+    func = kernel(xs, ws, 1, "relu", residual)
+    mod = PaddedConv2dRule().apply(use_fast_math(func), NPU, AVX512).mod
+    weight = [b for b in mod["main"].body.block.alloc_buffers if b.name == "p1_chpad"]
+    assert len(weight) == 1 and int(weight[0].ty.shape[0]) * int(weight[0].ty.shape[4]) == 160
+    assert "ocr=2, owr=7" in mod.script()
+    check_rule(PaddedConv2dRule(), func, host=NATIVE, expect=host_vector(NATIVE).lanes("float32") == 16)
+
+
+@pytest.mark.parametrize("xs,ws", [
+    ((1, 32, 14, 14), (144, 32, 1, 1)),          # 14-column rows: one vector already takes 14 accumulators
+    ((1, 32, 7, 7), (48, 32, 1, 1)),             # 3 vectors -> 4 would compute a third more
+])
+def test_odd_vector_counts_not_padded_where_it_does_not_pay(xs, ws):
+    check_rule(PaddedConv2dRule(), kernel(xs, ws), host=AVX512, expect=False)

@@ -44,7 +44,7 @@ from ..target import AscendTarget
 from .analysis import LOAD, ConvBlock, match_conv2d, strip_cast
 from .base import UB_SCOPE
 from .common import (as_target, extent, is_output_block, ok, parallel_vector, still_exists, tile_local, try_,
-                     unwritten_output,
+                     unwritten_output, vector_width_for,
                      vectorize_inner)
 from .hostvec import HostVector
 from .layout import mark_prepack, packable_param
@@ -615,7 +615,8 @@ def _lane_epilogue_columns(opts: ConvOptions, sch, last, acc, out_shape, per_reg
     the register block's or the row's columns up to 8).
     Applies when that transpose exists for the tile, the last epilogue block writes the accumulator's
     element at the same NCHW indices, and the epilogue reads no other tensor along the columns (a residual
-    read on channel vectors is a lane-strided gather: those keep the NCHW order). A register block that
+    read on channel vectors is a lane-strided gather: those keep the NCHW order) unless the NCHW order would
+    run on single columns (an odd width: ``_scalar_columns``). A register block that
     ``transpose_store`` covers (its columns contiguous, in vectors of owr < vl lanes) keeps it unless the
     epilogue's arithmetic is heavy: on channel vectors each op runs vl / owr times fewer vector
     instructions, against a pass of its own through the UB tile (``LANE_PASS_OPS``): measured faster for
@@ -631,9 +632,21 @@ def _lane_epilogue_columns(opts: ConvOptions, sch, last, acc, out_shape, per_reg
     if cols is None or out_transpose_intrin(str(acc.ty.dtype), cols, t.vl) is None:
         return None
     if not _writes_like(sch, last, out_shape) or (opts.lane_epilogue != "always"
-                                                  and _reads_along_columns(sch, last, acc)):
+                                                  and _reads_along_columns(sch, last, acc)
+                                                  and not _scalar_columns(width, t.vl)):
         return None
     return cols
+
+
+def _scalar_columns(width: int, vl: int) -> bool:
+    """Would the NCHW-order epilogue over ``width`` columns run on single-column vectors (no power of two
+    above 1 divides an odd width, ``vector_width_for``)? Then it reads every accumulator element lane-strided
+    and stores it alone (LLVM: a gather and a scatter per vector of channels), which costs more than the
+    residual's lane-strided gather on channel vectors plus the output transpose: measured faster for a 1x1
+    conv + residual on a 7x7 plane (one 7-column register block a row), warm and after a cache flush; the
+    two-column vectors of a 14-wide plane measured slower on channel vectors, so even widths keep the
+    NCHW order."""
+    return vector_width_for(width, vl) == 1
 
 
 def _arith_ops(sch, block) -> int:
