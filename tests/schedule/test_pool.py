@@ -272,3 +272,52 @@ def test_pipeline_pads_a_classifier_conv_in_front_of_its_global_mean():
     pooled = [row for row in res.report.kernels if "mean" in row["name"]]
     assert [row["rule"] for row in pooled] == ["pool"], res.report.kernels
     assert "channels padded" in res.scheduled_module[pooled[0]["name"]].script()
+
+
+def fire_pool(a, c):
+    """SqueezeNet's max-pool behind a fire module: the concat of the two expand branches, 3x3/2, ceil mode."""
+    return op.nn.max_pool2d(op.concat([a, c], axis=1), pool_size=3, strides=2, ceil_mode=True)
+
+
+def transition_pool(x):
+    """DenseNet's transition: a 2x2/2 average pool (sum + divide epilogue)."""
+    return op.nn.avg_pool2d(x, pool_size=2, strides=2)
+
+
+@pytest.mark.parametrize("case", [
+    # (build, shapes, {host lanes: channel lanes expected}): output rows shorter than a host vector
+    (fire_pool, [(1, 32, 27, 27), (1, 32, 27, 27)], {16: True, 8: False, 4: False}),    # 13 columns
+    (fire_pool, [(1, 16, 13, 13), (1, 48, 13, 13)], {16: True, 8: True, 4: False}),     # 6
+    (transition_pool, [(1, 64, 14, 14)], {16: True, 8: True, 4: False}),                 # 7
+    (max_pool, [(2, 32, 5, 5)], {16: True, 8: True, 4: True}),                           # 3
+])
+def test_pool_over_narrow_rows_vectorises_channels(case):
+    """Output rows shorter than a host vector (the plain path's window then runs scalar) are pooled with a
+    channel vector innermost; same numbers as the unscheduled kernel on the AVX-512, AVX2 and portable hosts."""
+    build, shapes, expect = case
+    for host in (NATIVE, AVX2_HOST, HOST):
+        text = check_rule(PoolRule(), fused_kernel(build, shapes), host=host).script()
+        lanes = host_vector(host).lanes("float32")
+        assert ("channel lanes" in text) == expect[lanes], (host, text[-2000:])
+
+
+def test_pool_over_rows_a_vector_divides_keeps_the_window_path():
+    """Output rows of a vector or more (SqueezeNet's first two pools: 55 and 27 columns) and channels no 4-lane
+    vector divides stay on the plain window path."""
+    ceil_pool = lambda x: op.nn.max_pool2d(x, pool_size=3, strides=2, ceil_mode=True)   # noqa: E731
+    for build, shapes in ((ceil_pool, [(1, 32, 111, 111)]), (ceil_pool, [(1, 32, 55, 55)]), (max_pool, [(1, 6, 13, 13)])):
+        text = check_rule(PoolRule(), fused_kernel(build, shapes), host=NATIVE).script()
+        assert "channel lanes" not in text and "pool tile" in text
+
+
+def test_channel_lane_tiles_hold_whole_vectors():
+    """A channel-lane tile is whole channel vectors, however the tile shrinks to give the cores work."""
+    from tvm import s_tir
+
+    func = fused_kernel(fire_pool, [(1, 128, 27, 27), (1, 128, 27, 27)])
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    pool = next(p for p in (match_pool(sch, b) for b in sch.get_child_blocks(sch.get_sblock("root"))) if p)
+    for channels in (256, 48):          # 48: a tile of 12 channels would give every core four tiles
+        for step in (4, 8, 16):
+            cb, rb = choose_pool_tile(channels, 13, 13, pool, 4, NPU, cores=2, step=step)
+            assert cb % step == 0 and channels % cb == 0 and 13 % rb == 0, (channels, step, cb)

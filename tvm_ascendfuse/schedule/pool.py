@@ -16,7 +16,8 @@ tile: a tile is ``cb`` channels x ``rb`` output rows; the input window rows it n
 staged in ``local.UB``, its outputs are produced in ``local.UB`` and written back with the epilogue (divide,
 reshape). Tiles are sized from the target's usable UB (double-buffered) and spread over the host cores;
 staging and write-back are vectorised, the window is reduced innermost per output. Tunable: the tile is a
-sampled decision over the tiles within the same UB budget (``pool_tile_candidates``).
+sampled decision over the tiles within the same UB budget (``pool_tile_candidates``). Output rows shorter
+than a host vector are pooled with a channel vector innermost instead (``lane_pool.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .common import (
 )
 from .conv_schedule import DEFAULT_OPTIONS, ConvOptions, schedule_conv2d
 from .hostvec import host_vector
+from .lane_pool import channel_lanes, schedule_lane_pool
 from .plane_pool import schedule_plane_pool
 
 # Enough tiles that every core gets several (a tile's rows differ in cost at the padded border).
@@ -53,17 +55,18 @@ TILES_PER_CORE = 4
 
 
 def choose_pool_tile(channels: int, out_rows: int, out_cols: int, info: PoolBlock, nbytes: int,
-                     target: AscendTarget, cores: int) -> tuple[int, int]:
+                     target: AscendTarget, cores: int, step: int = 1) -> tuple[int, int]:
     """(channels, output rows) per tile: the staged input rows + the output tile, double-buffered and 32 B
-    aligned, fit usable UB; then the tile shrinks (channels first) until every core gets several tiles."""
+    aligned, fit usable UB; then the tile shrinks (channels first) until every core gets several tiles.
+    The channel count is a multiple of ``step`` (which divides ``channels``): whole channel vectors."""
     budget = _pool_budget(target)
     tile_bytes = lambda cb, rb: pool_tile_bytes(cb, rb, out_rows, out_cols, info, nbytes, target)  # noqa: E731
-    divisors = lambda n: [d for d in range(n, 0, -1) if n % d == 0]   # noqa: E731
-    rb = next((d for d in divisors(out_rows) if tile_bytes(1, d) <= budget), 1)
-    cb = next((d for d in divisors(channels) if tile_bytes(d, rb) <= budget), 1)
+    divisors = lambda n, s=1: [d for d in range(n, 0, -1) if n % d == 0 and d % s == 0]   # noqa: E731
+    rb = next((d for d in divisors(out_rows) if tile_bytes(step, d) <= budget), 1)
+    cb = next((d for d in divisors(channels, step) if tile_bytes(d, rb) <= budget), step)
     want = cores * TILES_PER_CORE
-    while cb > 1 and (channels // cb) * (out_rows // rb) < want:
-        cb = next(d for d in divisors(channels) if d < cb)
+    while cb > step and (channels // cb) * (out_rows // rb) < want:
+        cb = next(d for d in divisors(channels, step) if d < cb)
     while rb > 1 and (channels // cb) * (out_rows // rb) < want:
         rb = next(d for d in divisors(out_rows) if d < rb)
     return cb, rb
@@ -218,9 +221,15 @@ class PoolRule(ScheduleRule):
         if None in (channels, rows, cols):
             return False
         nbytes = on_chip_bytes(pool.source, target)
-        cb, rb = choose_pool_tile(channels, rows, cols, pool, nbytes, target, num_cores(host))
-        cb, rb = self.choose(sch, (cb, rb), lambda: pool_tile_candidates(
-            (cb, rb), channels, rows, cols, pool, nbytes, target, num_cores(host)))
+        clanes = channel_lanes(host, pool, sch, channels, cols)
+        cb, rb = choose_pool_tile(channels, rows, cols, pool, nbytes, target, num_cores(host), clanes or 1)
+        cb, rb = self.choose(sch, (cb, rb), lambda: [t for t in pool_tile_candidates(
+            (cb, rb), channels, rows, cols, pool, nbytes, target, num_cores(host)) if t[0] % (clanes or 1) == 0])
+        # channels innermost where output rows are shorter than a vector (``lane_pool.py``): tried on a copy
+        # first, since a step that does not apply leaves the schedule half changed
+        if clanes is not None and cb % clanes == 0 and schedule_lane_pool(sch.copy(), prologue, pool, epilogue,
+                                                                           clanes, cb, rb):
+            return schedule_lane_pool(sch, prologue, pool, epilogue, clanes, cb, rb)
         co, ci = sch.split(c, [None, cb])
         yo, yi = sch.split(y, [None, rb])
         # window innermost: each output accumulates in a register. (Vectorising the output columns instead

@@ -1,0 +1,123 @@
+"""A window pool over NCHW planes vectorised over channels: the tile's input rows are staged in UB as
+(rows, columns, channel lanes) and each output is ``lanes`` channels reduced as whole vectors.
+
+Why: the plain window path keeps one scalar accumulator per output, its column loop vectorised by LLVM only
+when an output row holds a whole vector; SqueezeNet's last max-pool (behind the concat of a fire module's
+two branches, 13 output columns) ran fully scalar. With the channels innermost in the staged tile every window read is one
+contiguous vector whatever the plane's width or the pool's stride; the price is the transposing copies in
+and out of UB (scalar, one load and store per element, which the plain path's staging already paid for the
+input).
+
+Used by ``PoolRule`` for window pools (and whole-plane pools behind a conv) with output rows shorter than a
+host vector and a channel count a vector of at least ``MIN_LANES`` lanes divides; the tile is ``cb`` channels (a multiple of the lane count) x ``rb``
+output rows, chosen as the plain path chooses it.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from .analysis import PoolBlock
+from .base import UB_SCOPE
+from .common import extent, ok, tile_local, try_
+from .hostvec import host_vector
+
+# Fewer lanes than this gain too little over the scalar window to pay for the transposing copies.
+MIN_LANES = 4
+
+
+def channel_lanes(host, pool: PoolBlock, sch, channels: int | None, out_cols: int | None) -> int | None:
+    """Lanes of the channel vector for this pool (the widest power of two up to the host's vector that
+    divides the channel count), or None when the plain window path is the better one: fewer than
+    ``MIN_LANES`` lanes, or output rows at least one host vector long (LLVM then vectorises the plain path's
+    column loop itself; measured on Zen 5: max-pools over 13 output columns ran 2.4x faster with channel
+    lanes, over 27 and 55 columns slower, the transposing copy being scalar)."""
+    if channels is None or out_cols is None:
+        return None
+    lanes = host_vector(host).lanes(str(sch.get(pool.block).writes[0].source.dtype))
+    if out_cols >= lanes:
+        return None
+    v = lanes
+    while v >= MIN_LANES and channels % v:
+        v //= 2
+    return v if v >= MIN_LANES else None
+
+
+def _blocked(lanes: int):
+    """NCHW -> (N, C // lanes, H, W, lanes): a channel block's lanes contiguous for every pixel."""
+    return lambda n, c, h, w: (n, c // lanes, h, w, c % lanes)
+
+
+def schedule_lane_pool(sch, prologue, pool: PoolBlock, epilogue, lanes: int, cb: int, rb: int) -> bool:
+    """Schedule the pool (root blocks ``prologue`` -> ``pool`` -> ``epilogue``) with ``cb`` channels (a
+    multiple of ``lanes``) x ``rb`` output rows per tile and the channel lanes innermost; False (the schedule
+    left partly changed: call on a copy first) when a step does not apply."""
+    block = pool.block
+    loops = sch.get_loops(block)
+    if len(loops) != 6 or cb % lanes:
+        return False
+    n, c, y, x, r0, r1 = loops
+    blocked = _blocked(lanes)
+
+    stage = None
+    if prologue:
+        *inline, last = prologue
+        for b in inline:
+            if not ok(sch.compute_inline, b):
+                return False
+        if any(sch.get(p).same_as(sch.get(last)) for p in sch.get_producers(block)):
+            sch.set_scope(last, 0, UB_SCOPE)
+            stage = last
+        elif not ok(sch.compute_inline, last):
+            return False
+    if stage is None:
+        stage = sch.cache_read(block, 0, UB_SCOPE, consumer_blocks=[block])
+    if not ok(sch.transform_layout, stage, ("write", 0), blocked):
+        return False
+
+    out_shape = sch.get(block).writes[0].source.ty.shape
+    writer = None
+    if epilogue:
+        *inline, last = epilogue
+        for b in inline:
+            if not ok(sch.compute_inline, b):
+                return False
+        own = all(sch.get(p).same_as(sch.get(block)) for p in sch.get_producers(last))
+        if not (own and tile_local(sch, last, out_shape)):
+            return False        # the plain path runs such an epilogue after the pool
+        sch.set_scope(block, 0, UB_SCOPE)
+        writer = last
+    else:
+        writer = sch.cache_write(block, 0, UB_SCOPE)
+    if not ok(sch.transform_layout, block, ("write", 0), blocked):
+        return False
+
+    co, ci = sch.split(c, [None, cb])
+    cl, lane = sch.split(ci, [None, lanes])
+    yo, yi = sch.split(y, [None, rb])
+    sch.reorder(n, co, yo, cl, yi, x, r0, r1, lane)
+    tile = sch.fuse(n, co, yo)
+    if not ok(sch.compute_at, stage, tile, preserve_unit_loops=True):
+        return False
+    if not ok(sch.reverse_compute_at, writer, tile, preserve_unit_loops=True):
+        return False
+    # the transposing copy in ``lanes`` x ``lanes`` blocks: ``lanes`` contiguous reads of each channel row, and
+    # ``lanes`` channels' cache lines of the staged tile written together (measured faster than either order
+    # of whole rows)
+    c_loop, h_loop, w_loop = sch.get_loops(stage)[-3:]
+    wo, wi = sch.split(w_loop, [None, lanes])
+    sch.reorder(h_loop, wo, c_loop, wi)
+    # parallel and vectorised before the reduction is split into init + update: TVM's legality check accepts
+    # a data-parallel loop over a reduction block, not over the update block alone
+    try_(sch.parallel, tile)
+    if not ok(sch.vectorize, lane):
+        return False
+    init = sch.decompose_reduction(block, sch.get_loops(block)[1])
+    inner = sch.get_loops(init)[-1]
+    if sch.get(inner).kind != tirx.ForKind.VECTORIZED and not ok(sch.vectorize, inner):
+        return False
+    for loop in sch.get_loops(block)[-3:-1]:
+        if (extent(sch, loop) or 0) <= 3:
+            try_(sch.unroll, loop)
+    sch.annotate(block, "ascendfuse.schedule", f"pool tile {cb}ch x {rb}rows, {lanes} channel lanes")
+    return True
