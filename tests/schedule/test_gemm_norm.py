@@ -97,6 +97,9 @@ def _redundancy(mod):
         elif isinstance(stmt, tirx.SeqStmt):
             for s in stmt.seq:
                 visit(s, trip)
+        elif hasattr(stmt, "block") and hasattr(stmt.block, "iter_vars") and not stmt.block.iter_vars \
+                and stmt.block.name_hint != "root":
+            visit(stmt.block.body, trip)        # a loop partition's wrapper: its loops' blocks are counted
         elif hasattr(stmt, "block") and hasattr(stmt.block, "iter_vars"):
             dom = math.prod(int(iv.dom.extent) for iv in stmt.block.iter_vars)
             if stmt.block.name_hint != "root":

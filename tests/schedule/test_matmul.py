@@ -120,6 +120,20 @@ def test_tiles_follow_host_vector_width():
     assert host_vector(NATIVE).bits >= host_vector(HOST).bits
 
 
+def test_vector_lanes_are_the_targets_not_this_machines():
+    """Every rule sizes its vectors for the target's CPU: an AVX2 or a portable (SSE) build compiled on an
+    AVX-512 machine gets 8 or 4 fp32 lanes (LLVM's own vector-width query answers for the compiling machine)."""
+    from tvm_ascendfuse.schedule.common import vector_bits, vector_lanes
+
+    def target(mcpu=None):
+        return tvm.target.Target({"kind": "llvm", "num-cores": 2, **({"mcpu": mcpu} if mcpu else {})})
+
+    assert (vector_lanes(target("haswell"), 32), vector_lanes(target(), 32)) == (8, 4)
+    assert vector_lanes(target("haswell"), 16) == 16 and vector_lanes(target("skylake-avx512"), 32) == 16
+    for t in (target("haswell"), target(), target("skylake-avx512"), NATIVE):
+        assert vector_bits(t) == host_vector(t).bits
+
+
 # ---- weight prepacking through the Relax passes -----------------------------------------------------
 
 def _relax_linear(w, b, m=16):

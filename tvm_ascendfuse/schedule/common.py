@@ -30,16 +30,32 @@ def host_of(host):
     return tvm.target.Target.current(allow_none=True)
 
 
-def vector_lanes(host, dtype_bits: int) -> int:
-    """Lanes of one host vector register for this element width (16 fp32 lanes on AVX-512)."""
-    bits = 128
+def has_feature(feature: str, host) -> bool:
+    """Whether the llvm target ``host`` has this CPU feature (False off x86 or on an llvm without the query)."""
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, host))
+    except Exception:
+        return False
+
+
+def vector_bits(host) -> int:
+    """Width of one vector register of the target's CPU, from its features.
+
+    Not ``llvm_get_vector_width``: it answers for the machine compiling, not for the target's ``mcpu``, so a
+    ``--portable`` (SSE) or AVX2 build was sized for this machine's 512-bit vectors."""
     host = host_of(host)
-    if host is not None and host.kind.name == "llvm":
-        try:
-            bits = int(tvm.target.codegen.llvm_get_vector_width(host)) or 128
-        except Exception:  # an llvm without that query: assume SSE width
-            bits = 128
-    return max(1, bits // max(8, dtype_bits))
+    if host is None or host.kind.name != "llvm":
+        return 128
+    if has_feature("avx512f", host):
+        return 512
+    if has_feature("avx2", host) or has_feature("avx", host):
+        return 256
+    return 128
+
+
+def vector_lanes(host, dtype_bits: int) -> int:
+    """Lanes of one host vector register for this element width (16 fp32 lanes on AVX-512, 8 on AVX2)."""
+    return max(1, vector_bits(host) // max(8, dtype_bits))
 
 
 def num_cores(host) -> int:

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import tvm
 
-from .common import host_of, num_cores
-
+from .common import has_feature, host_of, num_cores, vector_bits
 
 @dataclass(frozen=True)
 class HostVector:
@@ -28,35 +27,26 @@ class HostVector:
         (AVX-512: 16; more spills: measured much slower)."""
         return max(4, self.registers // 2)
 
-
-def _has(feature: str, host) -> bool:
-    try:
-        return bool(tvm.target.codegen.target_has_features(feature, host))
-    except Exception:  # a non-x86 llvm target or an llvm without that query
-        return False
-
-
 def host_vector(host) -> HostVector:
     host = host_of(host)
     cores = num_cores(host)
     if host is None or host.kind.name != "llvm":
         return HostVector(128, 16, cores)
-    if _has("avx512f", host):
+    bits = vector_bits(host)
+    if bits == 512:
         return HostVector(512, 32, cores)
-    if _has("avx2", host) or _has("avx", host):
+    if bits == 256:
         return HostVector(256, 16, cores)
-    if _has("neon", host) or "aarch64" in str(host.attrs.get("mtriple", "")):
+    if has_feature("neon", host) or "aarch64" in str(host.attrs.get("mtriple", "")):
         return HostVector(128, 32, cores)
     return HostVector(128, 16, cores)
-
 
 def has_int8_dot(host) -> bool:
     """The host has AVX-512 VNNI's ``vpdpbusd`` (u8 x s8 products summed in fours into int32 lanes)."""
     host = host_of(host)
-    return host is not None and host.kind.name == "llvm" and _has("avx512vnni", host)
-
+    return host is not None and host.kind.name == "llvm" and has_feature("avx512vnni", host)
 
 def has_bf16_dot(host) -> bool:
     """The host has AVX512-BF16's ``vdpbf16ps`` (bf16 pairs summed into float32 lanes)."""
     host = host_of(host)
-    return host is not None and host.kind.name == "llvm" and _has("avx512bf16", host)
+    return host is not None and host.kind.name == "llvm" and has_feature("avx512bf16", host)
