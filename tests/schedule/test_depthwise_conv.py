@@ -148,6 +148,23 @@ def test_register_transposes_are_exact_and_used(load, store):
         check_rule(rule, func, host=NATIVE)
 
 
+@pytest.mark.parametrize("act", ["silu", "relu6", "hardswish"])
+def test_epilogue_columns_unrolled(act):
+    """The activation runs on the register block's columns unrolled (their dependent exp/clip chains
+    interleave), vectorised over the channels, and stays exact; switched off, the column loop is serial."""
+    from tvm.tirx import ForKind
+
+    func = dw_kernel((1, 32, 16, 16), 3, 1, None, 1, act).with_attr("layout_free_buffers", [1])
+    for unroll in (True, False):
+        rule = DepthwiseConv2dRule(unroll_epilogue=unroll)
+        sch = rule.apply_with_note(func, NPU, AVX512).sch
+        (epi,) = sch.get_consumers(sch.get_sblock("group_conv2d_nchw_update"))
+        cols, lanes = (sch.get(loop) for loop in sch.get_loops(epi)[-2:])
+        assert lanes.kind == ForKind.VECTORIZED and int(lanes.extent) == 16
+        assert (cols.kind == ForKind.UNROLLED) is unroll and int(cols.extent) == 8
+        check_rule(rule, func, host=NATIVE)
+
+
 def test_tiles_from_usable_ub():
     """The staged rows (halo included), weights, accumulator and epilogue tile of a tile fit usable UB on both
     presets; rows shrink with a smaller UB; every core gets several tiles."""
