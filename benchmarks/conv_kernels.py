@@ -78,20 +78,52 @@ OTHER_SHAPES = {
 }
 SHAPES.update(OTHER_SHAPES)
 
+# depthwise convs of EfficientNet-B0/B3, MobileNet-V2/V3 and MNASNet (channels, hw in, kernel, stride, epilogue);
+# cin == cout == channels, group == channels; by name with --only (not in ResNet-50's weighted total)
+DW_SHAPES = {
+    "dw_32_112_3": (32, 112, 3, 1, "silu"),          # EfficientNet-B0 stage 1, MobileNet-V2 (relu6)
+    "dw_96_112_3_s2": (96, 112, 3, 2, "silu"),
+    "dw_144_56_3": (144, 56, 3, 1, "silu"),
+    "dw_144_56_5_s2": (144, 56, 5, 2, "silu"),
+    "dw_240_28_5": (240, 28, 5, 1, "silu"),
+    "dw_240_28_3_s2": (240, 28, 3, 2, "silu"),
+    "dw_480_14_3": (480, 14, 3, 1, "silu"),
+    "dw_144_56_3_relu6": (144, 56, 3, 1, "relu6"),   # MobileNet-V2
+    "dw_48_112_3_relu": (48, 112, 3, 1, "relu"),     # MNASNet
+    "dw_72_56_5_s2_hswish": (72, 56, 5, 2, "hardswish"),  # MobileNet-V3-Large (relu there; hard-swish later)
+    "dw_72_56_3_relu": (72, 56, 3, 1, "relu"),       # MNASNet: 72 and 120 channels, 8 a vector on AVX-512
+    "dw_80_56_3_relu": (80, 56, 3, 1, "relu"),       # (not in a model: 72's neighbour that 16 divides)
+    "dw_120_28_5_relu": (120, 28, 5, 1, "relu"),
+}
+SHAPES.update({n: (c, c, hw, k, s, e, 0) for n, (c, hw, k, s, e) in DW_SHAPES.items()})
+
 
 def out_hw(hw, k, stride):
     return (hw + 2 * (k // 2) - k) // stride + 1
 
 
-def conv_model(cin, cout, hw, k, stride, epilogue, seed=0) -> onnx.ModelProto:
+def depthwise(g: GraphWriter, x: str, c: int, k: int, stride: int) -> str:
+    w = g.normal((c, 1, k, k), (2.0 / (k * k)) ** 0.5, "dw_w")
+    return g.op("Conv", [x, w], "dw", kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4,
+                dilations=[1, 1], group=c)
+
+
+def conv_model(cin, cout, hw, k, stride, epilogue, seed=0, groups=1) -> onnx.ModelProto:
     g = GraphWriter("conv_kernel", seed)
     x = g.input("x", [1, cin, hw, hw])
     oh = out_hw(hw, k, stride)
     if epilogue == "add_relu":
         g.input("r", [1, cout, oh, oh])
-    y = batchnorm(g, conv(g, x, cin, cout, k, stride=stride), cout)
+    c = depthwise(g, x, cin, k, stride) if groups > 1 else conv(g, x, cin, cout, k, stride=stride)
+    y = batchnorm(g, c, cout)
     if epilogue == "relu":
         g.op("Relu", [y], out="y")
+    elif epilogue == "relu6":
+        g.op("Clip", [y, g.const(np.float32(0.0), "lo"), g.const(np.float32(6.0), "hi")], out="y")
+    elif epilogue == "silu":
+        g.op("Mul", [y, g.op("Sigmoid", [y], "sig")], out="y")
+    elif epilogue == "hardswish":
+        g.op("HardSwish", [y], out="y")
     elif epilogue == "add_relu":
         g.op("Relu", [g.op("Add", [y, "r"], "residual")], out="y")
     else:
@@ -162,7 +194,8 @@ def single_call_min(runners, rounds, flush=False) -> dict:
 
 def bench_shape(name, rounds=60, target="ascend910b", log=print, flush=False) -> dict:
     cin, cout, hw, k, stride, epi, count = SHAPES[name]
-    model = conv_model(cin, cout, hw, k, stride, epi)
+    groups = cin if name in DW_SHAPES else 1
+    model = conv_model(cin, cout, hw, k, stride, epi, groups=groups)
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((1, cin, hw, hw)).astype("float32")}
     oh = out_hw(hw, k, stride)
@@ -176,7 +209,7 @@ def bench_shape(name, rounds=60, target="ascend910b", log=print, flush=False) ->
     ref = runners["ort"].output()              # error relative to the output's own scale
     err = float(np.max(np.abs(runners["ours"].output() - ref)) / max(1e-30, float(np.max(np.abs(ref)))))
     ours, ort = best["ours"] * 1e3, best["ort"] * 1e3
-    flops = 2 * cout * oh * oh * cin * k * k
+    flops = 2 * cout * oh * oh * (cin // groups) * k * k
     row = {"shape": name, "count": count, "ort_ms": ort, "ours_ms": ours, "ratio": ours / ort,
            "gflops": flops / ours / 1e6, "ort_gflops": flops / ort / 1e6, "rel_err": err,
            "compile_s": compile_s, "weighted_excess_ms": count * (ours - ort)}

@@ -148,6 +148,39 @@ def test_register_transposes_are_exact_and_used(load, store):
         check_rule(rule, func, host=NATIVE)
 
 
+@pytest.mark.parametrize("act", ["silu", "relu6", "hardswish"])
+def test_epilogue_columns_unrolled(act):
+    """The activation runs on the register block's columns unrolled (their dependent exp/clip chains
+    interleave), vectorised over the channels, and stays exact; switched off, the column loop is serial."""
+    from tvm.tirx import ForKind
+
+    func = dw_kernel((1, 32, 16, 16), 3, 1, None, 1, act).with_attr("layout_free_buffers", [1])
+    for unroll in (True, False):
+        rule = DepthwiseConv2dRule(unroll_epilogue=unroll)
+        sch = rule.apply_with_note(func, NPU, AVX512).sch
+        (epi,) = sch.get_consumers(sch.get_sblock("group_conv2d_nchw_update"))
+        cols, lanes = (sch.get(loop) for loop in sch.get_loops(epi)[-2:])
+        assert lanes.kind == ForKind.VECTORIZED and int(lanes.extent) == 16
+        assert (cols.kind == ForKind.UNROLLED) is unroll and int(cols.extent) == 8
+        check_rule(rule, func, host=NATIVE)
+
+
+AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+
+
+@pytest.mark.parametrize("xs, host, act", [((1, 24, 16, 16), NATIVE, "relu"),       # 8 | 24: 8-lane blocks
+                                           ((1, 72, 14, 14), NATIVE, "hardswish"),  # MNASNet/MobileNetV3's 72
+                                           ((1, 32, 16, 16), AVX2, "silu")])        # AVX2: 8 lanes
+def test_eight_lane_blocks_go_through_register_transposes(xs, host, act):
+    """Channel blocks of 8 (a count 16 does not divide, or an AVX2 host) stage the input and store the output
+    through 8x8 register transposes like the 16-lane blocks, exactly; 8 and 7 columns."""
+    func = dw_kernel(xs, 3, 1, None, 1, act).with_attr("layout_free_buffers", [1])
+    mod, note = check_rule(DepthwiseConv2dRule(), func, host=host, with_note=True)
+    assert "8ch" in note
+    assert "input staged through register transposes" in note
+    assert "NCHW store through register transposes" in note
+
+
 def test_tiles_from_usable_ub():
     """The staged rows (halo included), weights, accumulator and epilogue tile of a tile fit usable UB on both
     presets; rows shrink with a smaller UB; every core gets several tiles."""

@@ -19,11 +19,13 @@ from tvm_ascendfuse.schedule.transpose import in_transpose_intrin, in_transpose_
 AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
 
 
-def test_network_lanes_are_a_transpose():
-    """Every output lane of the shuffle network (simulated on lane ids) is the transposed element."""
-    vals, outs = in_transpose_lanes(16, 8)
-    a = np.arange(128).reshape(16, 8)
-    env = [a[i] for i in range(16)]
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_network_lanes_are_a_transpose(lanes):
+    """Every output lane of the shuffle network (simulated on lane ids) is the transposed element: 16
+    channels (AVX-512) and 8 (AVX2, or a channel count 16 does not divide)."""
+    vals, outs = in_transpose_lanes(lanes, 8)
+    a = np.arange(lanes * 8).reshape(lanes, 8)
+    env = [a[i] for i in range(lanes)]
     for x, y, idx in vals:
         env.append(np.concatenate([env[x], env[y]])[idx])
     np.testing.assert_array_equal(np.stack([env[o] for o in outs]), a.T)

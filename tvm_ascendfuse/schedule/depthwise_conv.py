@@ -20,7 +20,8 @@ the kernel, the graph stays NCHW):
 * the register block is ``owr`` output columns x vl channels: each tap is one FMA of a staged input vector
   by a weight vector (no broadcast, no gather), accumulated in registers over the KH x KW window;
 * the epilogue runs per register block on the NCHW[vl]c values (a bias is one vector, an activation runs on
-  full vectors), into a UB tile that is stored to the NCHW output through register transposes
+  full vectors, the block's columns unrolled so their activations interleave), into a UB tile that is stored
+  to the NCHW output through register transposes
   (``transpose.transpose_to_nchw``); an epilogue whose output is channels-last (ConvNeXt's transpose) stores
   the vectors as they are.
 
@@ -150,7 +151,8 @@ class DepthwiseConv2dRule(ScheduleRule):
     tunable = True
 
     def __init__(self, transpose_store: bool = True, transpose_load: bool = True, prepack: bool = True,
-                 tiles=None):
+                 tiles=None, unroll_epilogue: bool = True):
+        self.unroll_epilogue = unroll_epilogue
         self.transpose_store = transpose_store
         self.transpose_load = transpose_load
         self.prepack = prepack
@@ -274,6 +276,10 @@ class DepthwiseConv2dRule(ScheduleRule):
             lc, lx = sch.get_loops(last)[-2:]
             sch.reorder(lx, lc)
             try_(sch.vectorize, lc)
+            # the register block's columns unrolled: each column's activation (SiLU's exp polynomial and
+            # divide, a clip) is a chain of dependent vector ops; side by side the owr chains overlap
+            if self.unroll_epilogue:
+                try_(sch.unroll, lx)
             if self.transpose_store and transpose_to_nchw(sch, out, vl):
                 return "NCHW store through register transposes"
             vectorize_inner(sch, out, vl)

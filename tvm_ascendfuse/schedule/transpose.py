@@ -149,6 +149,7 @@ def transpose_store(sch, epilogue, acc_buf, rows: int, lanes: int) -> bool:
 # ---- input side: NCHW input -> NCHW[lanes]c staging of a pointwise conv ----------------------------------
 
 IN_LANES, IN_COLS = 16, 8   # channels x columns of the tile: 16 rows of one 8-lane load -> 8 rows of 16 lanes
+STAGE_LANES = (8, 16)       # channels a staging/store transpose takes: AVX-512 fp32, and AVX2 or 8 | channels
 
 
 def _in_name(dtype: str, lanes: int, cols: int) -> str:
@@ -192,6 +193,15 @@ def in_transpose_lanes(lanes: int, cols: int):
         vals.append((a, b, list(idx)))
         return nrow + len(vals) - 1
 
+    if lanes == cols:
+        # 8 lanes (AVX2, or a channel count 16 does not divide): a loaded row is a whole vector, one 8x8
+        # transpose by the same quad-wise unpack stages
+        st1 = {(h, p): add(2 * p, 2 * p + 1, _unpack_ps(lanes, h)) for h in (0, 1) for p in range(lanes // 2)}
+        st2 = {(g, j): add(st1[j // 2, 2 * g], st1[j // 2, 2 * g + 1], _unpack_pd(lanes, j))
+               for g in range(lanes // 4) for j in range(4)}
+        outs = [add(st2[0, c % 4], st2[1, c % 4], [4 * (c // 4) + k for k in range(4)]
+                    + [lanes + 4 * (c // 4) + k for k in range(4)]) for c in range(cols)]
+        return vals, outs
     # stage 0 (insert 256-bit half): z[k] = rows k and k + 8 side by side (channel k on half 0, k+8 on half 1)
     z = [add(k, k + half, range(2 * half)) for k in range(half)]
     # stage 1 (unpacklo/hi_ps of z pairs) and stage 2 (unpacklo/hi_pd): an 8x8 transpose in each 256-bit half
@@ -313,7 +323,7 @@ STAGE_DTYPES = ("float32", "uint8", "int8")
 def out_transpose_intrin(dtype: str, cols: int, lanes: int) -> str | None:
     """Name of the registered (cols x lanes) NCHW[lanes]c -> NCHW store intrinsic, None when this tile has no
     shuffle network here (STAGE_DTYPES, 16 lanes, 2..8 columns)."""
-    if lanes != OUT_LANES or not 2 <= cols <= ROWS or dtype not in STAGE_DTYPES:
+    if lanes not in STAGE_LANES or not 2 <= cols <= ROWS or dtype not in STAGE_DTYPES:
         return None
     return _register_once(_out_name(dtype, cols, lanes), lambda impl: _build_out(dtype, cols, lanes, impl))
 
@@ -351,7 +361,7 @@ def mark_transposed_stage(sch, copy, lanes: int, cols: int) -> bool:
     its row loop, and ``blockize`` then derives wrong bindings for it (TVM 0.27: the tile offset is dropped
     or scaled by the row count). False (schedule untouched) when the width is not a multiple of ``cols``."""
     dtype = str(sch.get(copy).writes[0].source.ty.dtype)
-    if dtype not in STAGE_DTYPES or lanes != IN_LANES or not 2 <= cols <= IN_COLS:
+    if dtype not in STAGE_DTYPES or lanes not in STAGE_LANES or not 2 <= cols <= IN_COLS:
         return False
     *_, pw, pc = sch.get_loops(copy)
     width, chans = sch.get(pw).extent, sch.get(pc).extent
@@ -398,7 +408,7 @@ def rewrite_transposed_stages(func):
 def _transposed_copy(realize, c_var, w_var, lanes, cols, sym, tirx, s_tir):
     block = realize.block
     store = block.body
-    if lanes != IN_LANES or not isinstance(store, tirx.BufferStore) or not isinstance(store.value, LOAD_TYPE):
+    if lanes not in STAGE_LANES or not isinstance(store, tirx.BufferStore) or not isinstance(store.value, LOAD_TYPE):
         return None
     load = store.value
     if _uses(realize.predicate, (c_var, w_var)):
