@@ -75,6 +75,8 @@ OTHER_SHAPES = {
     "densenet_7x7_1x1_992_128": (992, 128, 7, 1, 1, "relu", 0),
     "inception_3x3_96_96_35": (96, 96, 35, 3, 1, "relu", 0),
     "mobilenet_7x7_1x1_160_960": (160, 960, 7, 1, 1, "relu", 0),
+    "xception_14x14_1x1_728": (728, 728, 14, 1, 1, "relu", 0),     # Xception41 middle flow at 224²: 45.5 vectors
+    "xception_19x19_1x1_728": (728, 728, 19, 1, 1, "relu", 0),     # the same at timm's default 299²
 }
 SHAPES.update(OTHER_SHAPES)
 

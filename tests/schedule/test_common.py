@@ -120,3 +120,37 @@ def test_unwritten_output_counts_the_iterations_writing_each_output():
 
     assert unwritten_output(half) == ("b", 16, 32)
     assert unwritten_output(two_stores) is None
+
+
+def _copy_kernel():
+    @T.prim_func(s_tir=True)
+    def main(A: T.Buffer((8, 8), "float32"), B: T.Buffer((8, 8), "float32")):
+        for i, j in T.grid(8, 8):
+            with T.sblock("copy"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj]
+    return main
+
+
+def test_refused_primitive_says_what_failed_without_the_module():
+    """Schedules the rules make (``new_schedule``, and their copies) keep a refused primitive's message to
+    what failed: TVM's default renders the whole module into it, time spent on every refused trial, and
+    printer warnings on the terminal when the half-scheduled module does not print."""
+    from tvm_ascendfuse.schedule.common import new_schedule
+
+    for sch in (new_schedule(_copy_kernel()), new_schedule(_copy_kernel()).copy()):
+        with pytest.raises(s_tir.ScheduleError) as err:
+            sch.compute_inline(sch.get_sblock("copy"))      # writes an output: refused
+        assert "T.prim_func" not in str(err.value) and "B[vi, vj]" not in str(err.value)
+        assert "output block" in str(err.value)
+
+
+def test_rules_make_their_schedules_through_new_schedule():
+    """No schedule module builds an ``s_tir.Schedule`` with TVM's default error rendering itself."""
+    import pathlib
+
+    import tvm_ascendfuse.schedule as pkg
+
+    offenders = [p.name for p in pathlib.Path(pkg.__file__).parent.glob("*.py")
+                 if p.name != "common.py" and "s_tir.Schedule(" in p.read_text()]
+    assert not offenders

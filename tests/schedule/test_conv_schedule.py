@@ -66,6 +66,25 @@ def test_pointwise_register_block_is_one_vector_by_half_the_accumulators():
             choose_conv_tiles(oc, 56, "float32", avx512, npu)
 
 
+def test_pointwise_rows_the_half_block_does_not_divide_take_two_vectors():
+    """With many input channels (>= 256) and a row half the accumulator count of columns does not divide (14,
+    19, 38 wide on AVX-512), the one-vector block would be a narrower divisor (1 x 7 of 14: 7 accumulators)
+    or carry a column tail, and misses the 8-column store transpose it is there for: the default two-vector
+    block (Xception's 728->728 on 14x14 and 19x19, padded to 736: 2 x 7 and 2 x 8). Fewer input channels,
+    or rows the block divides, keep the one-vector block."""
+    npu = get_target("ascend910b")
+    avx512, avx2 = HostVector(512, 32, 2), HostVector(256, 16, 2)
+    for oc, ow, ic, owr in ((736, 14, 728, 7), (64, 28, 256, 7), (736, 19, 728, 8), (736, 38, 256, 8)):
+        t = choose_conv_tiles(oc, ow, "float32", avx512, npu, pointwise=True, ic=ic)
+        assert (t.vl, t.ocr, t.owr) == (16, 2, owr), (oc, ow)
+    for oc, ow, ic, owr in ((128, 150, 128, 6), (64, 28, 64, 7), (736, 56, 728, 8)):
+        t = choose_conv_tiles(oc, ow, "float32", avx512, npu, pointwise=True, ic=ic)
+        assert (t.vl, t.ocr, t.owr) == (16, 1, owr), (oc, ow)
+    # 8 ymm accumulators: 4 columns do not divide 14 either, the default block
+    assert choose_conv_tiles(64, 14, "float32", avx2, npu, pointwise=True, ic=512) == \
+        choose_conv_tiles(64, 14, "float32", avx2, npu)
+
+
 def test_pointwise_rows_narrower_than_the_block_take_two_vectors():
     """A pointwise conv whose rows are narrower than half the accumulator count (7x7 planes on AVX-512) would
     leave the one-vector block with 7 of 16 accumulators: it takes the default block, two vectors x the row

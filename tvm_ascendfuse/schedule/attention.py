@@ -22,7 +22,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 from ..target import AscendTarget
 from .analysis import is_cheap, is_contraction, is_copy, leading_spatial, reduction_between_products
 from .base import UB_SCOPE, ScheduleRule
-from .common import (block_infos, blocks_under, buffer_bytes, extent, on_chip_bytes, innermost_vector, is_output_block, loops_through,
+from .common import (new_schedule, block_infos, blocks_under, buffer_bytes, extent, on_chip_bytes, innermost_vector, is_output_block, loops_through,
                      num_cores, ok, root_blocks, still_exists, try_, vector_lanes, vector_width_for)
 from .contraction import schedule_contraction
 from .partial_sums import vectorize_rf
@@ -39,7 +39,7 @@ class AttentionRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
         if not _eligible(func):
             return None
-        return self.schedule(s_tir.Schedule(func), target, host)
+        return self.schedule(new_schedule(func), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> "s_tir.Schedule | None":
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""

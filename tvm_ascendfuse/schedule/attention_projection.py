@@ -37,7 +37,7 @@ from ..tiling import attention_row_block
 from .analysis import (block_name, closure, float32_only, has_reduce, is_cheap, is_contraction, is_copy,
                        match_norm_prologue, reduces_row, reduction_between_products)
 from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule, Scheduled
-from .common import (
+from .common import (new_schedule, 
     extent,
     innermost_vector,
     is_output_block,
@@ -98,7 +98,7 @@ class AttentionProjectionRule(ScheduleRule):
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         if not float32_only(func) or not reduction_between_products(func):
             return None          # e.g. a chained FFN's three products: declined before building a schedule
-        return self.schedule(s_tir.Schedule(self.prepare(func)), target, host)
+        return self.schedule(new_schedule(self.prepare(func)), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
         """Schedule ``sch`` (a prepared kernel) in place (a MetaSchedule space passes its own traced

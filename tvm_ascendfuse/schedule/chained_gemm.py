@@ -40,7 +40,7 @@ from ..tiling import PANEL_COLS as PANEL
 from ..tiling import ACCUMULATOR_BYTES, accumulator_in_l0c, chain_row_block, staged_rows_bytes
 from .analysis import block_name, closure, float32_only, has_reduce, is_contraction, match_norm_prologue
 from .base import L0C_SCOPE, L1_SCOPE, UB_SCOPE, ScheduleRule, Scheduled
-from .common import (
+from .common import (new_schedule, 
     extent,
     innermost_vector,
     is_output_block,
@@ -80,7 +80,7 @@ class ChainedGemmRule(ScheduleRule):
     tunable = True      # rows per block: ``tiles`` chooser (base.ScheduleRule), ``row_block_candidates``
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        return self.schedule(s_tir.Schedule(func), target, host)
+        return self.schedule(new_schedule(func), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""

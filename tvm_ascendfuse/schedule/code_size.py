@@ -28,7 +28,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .common import vector_lanes
+from .common import new_schedule, vector_lanes
 
 # A vector loop of at most this many host registers is left as the rule made it (a rule's register block
 # vectorises one; an epilogue row of a few is harmless).
@@ -108,7 +108,7 @@ def _narrow_vectors(func: tirx.PrimFunc, lanes: int, notes: list) -> tirx.PrimFu
         return func
     names = {f.loop_var.name for f in wide}
     try:
-        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        sch = new_schedule(tvm.IRModule({"main": func}))
         blocks = []
         tvm_ffi.structural_walk(sch.mod["main"].body, (s_tir.SBlock, lambda b: blocks.append(b.name_hint)))
         done = set()

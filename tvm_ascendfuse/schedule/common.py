@@ -18,6 +18,17 @@ from ..tiling import largest_divisor, row_block  # noqa: F401  (shared with the 
 get_realize = tvm_ffi.get_global_func("s_tir.schedule.GetSBlockRealize")
 
 
+def new_schedule(mod) -> s_tir.Schedule:
+    """A schedule of ``mod`` (an IRModule or PrimFunc) whose refused primitives say what failed in one line.
+
+    TVM's default ("detail") renders the whole module into every ScheduleError's message; the rules try
+    primitives on copies and take a refusal as "not this way" (``try_``, ``ok``), so that printing cost
+    time on each refusal and, when the module mid-schedule did not print (a block iterator the printer
+    cannot find, e.g. a failed tensorize of a strided staging copy), TVM wrote printer warnings to the
+    user's terminal. Copies (``sch.copy()``) keep the level."""
+    return s_tir.Schedule(mod, error_render_level="fast")
+
+
 def as_target(target) -> AscendTarget:
     """The AscendTarget itself, or the one a name or file describes."""
     return target if isinstance(target, AscendTarget) else get_target(target)

@@ -15,7 +15,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from .analysis import has_reduce
 from .base import UB_SCOPE
-from .common import (extent, get_realize, innermost_vector, is_output_block, largest_divisor, ok, root_blocks,
+from .common import (new_schedule, extent, get_realize, innermost_vector, is_output_block, largest_divisor, ok, root_blocks,
                      transitive_producers, try_, vector_width_for)
 from .layout import mark_prepack, packable_param
 from .strides import accesses, stride
@@ -269,7 +269,7 @@ def producer_to_stage(sch, pro, operand, inline, reads_well):
     blk = next((b for b in pro if sch.get(b).writes and sch.get(b).writes[0].source.same_as(operand)), None)
     if blk is None or any(has_reduce(sch, p) for p in [blk, *transitive_producers(sch, blk)]):
         return None
-    probe = s_tir.Schedule(sch.mod)
+    probe = new_schedule(sch.mod)
     names = {sch.get(b).name_hint for b in pro}
     probe_pro = [b for b in root_blocks(probe) if probe.get(b).name_hint in names]
     try:

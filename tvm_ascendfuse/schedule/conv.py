@@ -15,7 +15,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import has_reduce, match_conv2d
 from .base import ScheduleRule
-from .common import root_blocks
+from .common import new_schedule, root_blocks
 from .conv_schedule import ConvOptions, schedule_conv2d
 from .fast_math import use_fast_math
 from .gated_weight import gate_on_weight
@@ -36,7 +36,7 @@ class Conv2dRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(self.prepare(func))})),
+        return self.schedule(new_schedule(tvm.IRModule({"main": use_fast_math(self.prepare(func))})),
                              target, host)
 
     @staticmethod

@@ -30,7 +30,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import has_reduce, match_conv2d
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, ok, root_blocks
+from .common import new_schedule, extent, ok, root_blocks
 from .hostvec import has_int8_dot, host_vector
 from .int8_dot import DEPTH, DOT_16x4_U8S8, LANES, register_tile
 from .layout import mark_prepack, packable_param
@@ -49,7 +49,7 @@ class Int8Conv2dRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(func)
+        sch = new_schedule(func)
         blocks = list(root_blocks(sch))
         reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
         if len(reductions) != 1:

@@ -111,7 +111,7 @@ def conv_candidates(default: ConvChoice, oc: int, ow: int, dtype: str, hv: HostV
 
 
 def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: AscendTarget,
-                      columns_first: bool = False, pointwise: bool = False) -> ConvTiles:
+                      columns_first: bool = False, pointwise: bool = False, ic: int | None = None) -> ConvTiles:
     """Register block from the host's vector file, capped so the accumulator tile fits usable UB.
 
     Default: two vectors of output channels (fewest loads per FMA), as many columns as the accumulators
@@ -127,7 +127,12 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
     the tile of the store transpose, which 1 x 14 and 1 x 16 miss). Measured on this host (one core,
     interleaved A/B) 15-40% faster than 2 x 8, 1 x 14 or 1 x 16 for 16..64 input channels on 56x56 and
     112x112 planes (MobileNet/EfficientNet expansions, ResNet-50 stage 1), ~5% for 256 channels, neutral
-    for strided ones; narrower vectors (24, 40 channels: no store transpose) keep the default.
+    for strided ones; narrower vectors (24, 40 channels: no store transpose) keep the default, and so do
+    convs of at least ``POINTWISE_TWO_VECTOR_IC`` input channels (``ic``) on rows that block does not
+    divide (14, 19, 38 wide on AVX-512: a narrower divisor such as 1 x 7, or a column tail, and no whole
+    store transposes; the long reduction makes FMAs per load count): Xception's 728->728 (padded to 736)
+    took 1.06 ms with 2 x 8 on 19x19 where 1 x 8 took 1.57, 0.42 with 2 x 7 on 14x14 where 1 x 7 took
+    0.56 (2-core Zen 5, own processes); 128->128 on 150x150 stayed faster with 1 x 8 (4.0 vs 5.1 ms).
     Whichever block leaves a column tail gives way to one whose columns divide OW (``_tail_free_block``)."""
     lanes = hv.lanes(dtype)
     vl = 1
@@ -148,7 +153,8 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
         # channels two full vectors would, each broadcast input pixel then feeds as many lanes
         counts = (max(r for r in range(1, 2 * lanes // vl + 1) if oc % (r * vl) == 0), 1)
     cands = [(ocr, columns(ocr)) for ocr in dict.fromkeys(counts) if oc >= ocr * vl and oc % (ocr * vl) == 0]
-    if pointwise and vl == lanes and ow >= acc // 2:
+    if pointwise and vl == lanes and ow >= acc // 2 and (ow % (acc // 2) == 0 or ic is None
+                                                        or ic < POINTWISE_TWO_VECTOR_IC):
         ocr, owr = 1, columns(1, max(1, acc // 2))
     elif columns_first:
         ocr, owr = max(cands, key=lambda c: (c[1] * 2 >= acc, c[0] * c[1], c[0]))
@@ -163,6 +169,9 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
         owr //= 2
     return ConvTiles(vl, ocr, owr)
 
+
+# input channels from which a pointwise conv whose row the one-vector block does not divide takes two vectors
+POINTWISE_TWO_VECTOR_IC = 256
 
 # accumulators a register block without a column tail may hold beyond ``HostVector.accumulators``: with 32
 # zmm registers, 2 x 9 (18) still left the weight vectors and the broadcast in registers (measured fastest
@@ -358,7 +367,7 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
     if plane is None and icb is None and opts.channel_chunk == 0 and kw is not None and kw > 1:
         t = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), columns_first=True)
     elif plane is None and kw == 1 and extent_of(info.weight_buf.ty.shape[2]) == 1:
-        t = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), pointwise=True)
+        t = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), pointwise=True, ic=ic)
     for b in pro:
         if icb is None and still_exists(sch, b) and _is_plain_copy(sch, b) and \
                 _SUBSAMPLE not in sch.get(b).annotations:

@@ -28,7 +28,7 @@ from ..target import AscendTarget
 from ..tiling import GEMV_MAX_ROWS
 from .analysis import has_reduce
 from .base import UB_SCOPE, ScheduleRule
-from .common import has_block, is_output_block, ok, root_blocks, try_, vectorize_inner
+from .common import new_schedule, has_block, is_output_block, ok, root_blocks, try_, vectorize_inner
 from .fast_math import use_fast_math
 from .hostvec import host_vector
 from .partial_sums import vector_partial_sums, vectorize_partial_sums
@@ -44,7 +44,7 @@ class DecodeAttentionRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
+        sch = new_schedule(tvm.IRModule({"main": use_fast_math(func)}))
         return self.schedule(sch, target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:

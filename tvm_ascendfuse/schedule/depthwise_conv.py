@@ -40,7 +40,7 @@ from tvm import s_tir, sym, tirx
 from ..target import AscendTarget
 from .analysis import LOAD, GroupedConvBlock, has_reduce, match_depthwise_conv2d
 from .base import UB_SCOPE, Declined, ScheduleRule, Scheduled
-from .common import as_target, extent, ok, root_blocks, still_exists, try_, vectorize_inner
+from .common import new_schedule, as_target, extent, ok, root_blocks, still_exists, try_, vectorize_inner
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
@@ -161,7 +161,7 @@ class DepthwiseConv2dRule(ScheduleRule):
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | Declined | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
+        return self.schedule(new_schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | Declined | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
@@ -261,7 +261,7 @@ class DepthwiseConv2dRule(ScheduleRule):
         if transposed and self.tiles is None:
             func, rewritten = rewrite_transposed_stages(sch.mod["main"])
             if rewritten:
-                sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+                sch = new_schedule(tvm.IRModule({"main": func}))
                 note += ", input staged through register transposes"
         return Scheduled(sch, note)
 

@@ -10,7 +10,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .base import ScheduleRule
-from .common import block_infos, is_output_block, root_blocks, try_
+from .common import new_schedule, block_infos, is_output_block, root_blocks, try_
 from .injective import tile_injective
 
 
@@ -20,7 +20,7 @@ class ElementwiseRule(ScheduleRule):
     name = "elementwise"
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        sch = s_tir.Schedule(func)
+        sch = new_schedule(func)
         infos = block_infos(sch)
         if not infos or not all(b.is_injective() for b in infos):
             return None

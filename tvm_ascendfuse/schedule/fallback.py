@@ -52,7 +52,7 @@ from ..target import AscendTarget
 
 from .analysis import has_reduce, is_copy, uses_var
 from .base import UB_SCOPE, ScheduleRule, Scheduled
-from .common import extent, get_realize, is_output_block, ok, root_blocks, vector_storable
+from .common import new_schedule, extent, get_realize, is_output_block, ok, root_blocks, vector_storable
 from .hostvec import HostVector, host_vector
 from .partial_sums import vectorize_partial_sums
 from .strides import accesses, stride, strides
@@ -87,7 +87,7 @@ class FallbackRule(ScheduleRule):
     name = "fallback"
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        sch = s_tir.Schedule(func)
+        sch = new_schedule(func)
         if not isinstance(sch.mod["main"].body, s_tir.SBlockRealize):
             return None         # no root block (hand-written loops): nothing to schedule, TVM lowers it as is
         ctx = _Host(host_vector(host))

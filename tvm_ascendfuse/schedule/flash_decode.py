@@ -23,7 +23,7 @@ from tvm import s_tir, tirx
 from .. import flash_decode as fd
 from ..target import AscendTarget
 from .base import UB_SCOPE, ScheduleRule
-from .common import ok, root_blocks, try_
+from .common import new_schedule, ok, root_blocks, try_
 from .fast_math import use_fast_math
 from .hostvec import host_vector
 from .partial_sums import vector_partial_sums, vectorize_partial_sums
@@ -37,7 +37,7 @@ class FlashDecodeRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(use_fast_math(func))
+        sch = new_schedule(use_fast_math(func))
         names = [sch.get(b).name_hint for b in root_blocks(sch)]
         if sorted(names) != sorted(fd.BLOCKS):
             return None

@@ -25,7 +25,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from .analysis import LOAD, match_conv2d
-from .common import root_blocks
+from .common import new_schedule, root_blocks
 
 GATED_NOTE = "gate on the weight"
 
@@ -33,7 +33,7 @@ GATED_NOTE = "gate on the weight"
 def gate_on_weight(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """``func`` with its conv's per-channel input gate moved onto the weight (module docstring), None when
     ``func`` has no such gate or its form is not the one this rewrite knows."""
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    sch = new_schedule(tvm.IRModule({"main": func}))
     blocks = list(root_blocks(sch))
     convs = [b for b in blocks if match_conv2d(sch, b) is not None]
     if len(convs) != 1:
@@ -98,7 +98,7 @@ def gate_on_weight(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
                             dict(root.annotations))
     out = tirx.PrimFunc(func.params, s_tir.SBlockRealize([], True, new_root), func.ret_type, func.attrs)
     # the multiply is a copy now: inlined, the conv's input block reads ``x`` as an ungated conv's does
-    done = s_tir.Schedule(tvm.IRModule({"main": out}))
+    done = new_schedule(tvm.IRModule({"main": out}))
     try:
         done.compute_inline(done.get_sblock(mul_name))
     except s_tir.ScheduleError:

@@ -32,7 +32,7 @@ from ..target import AscendTarget
 from ..tiling import GEMV_MAX_ROWS
 from .analysis import has_reduce, match_gemm
 from .base import UB_SCOPE, ScheduleRule
-from .common import extent, has_block, is_output_block, ok, root_blocks, transitive_producers, try_, vectorize_inner
+from .common import new_schedule, extent, has_block, is_output_block, ok, root_blocks, transitive_producers, try_, vectorize_inner
 from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param, panel_pack_map
@@ -73,7 +73,7 @@ class GemvRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
+        sch = new_schedule(tvm.IRModule({"main": use_fast_math(func)}))
         return self.schedule(sch, target, host_vector(host))
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, hv: HostVector) -> s_tir.Schedule | None:

@@ -23,7 +23,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import has_reduce, match_grouped_conv2d
 from .base import Declined, ScheduleRule, Scheduled
-from .common import as_target, extent, root_blocks
+from .common import new_schedule, as_target, extent, root_blocks
 from .conv_schedule import ConvChoice, ConvOptions, choose_conv_tiles, conv_candidates, schedule_conv2d
 from .fast_math import use_fast_math
 from .hostvec import host_vector
@@ -39,7 +39,7 @@ class GroupedConv2dRule(ScheduleRule):
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | Declined | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
+        return self.schedule(new_schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | Declined | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""

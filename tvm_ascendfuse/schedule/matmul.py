@@ -32,7 +32,7 @@ from ..ir import dtype_bytes
 from ..target import AscendTarget
 from .analysis import GemmBlock, find_gemm, has_reduce, last_reduction_is_product, reduction_kinds
 from .base import L1_SCOPE, UB_SCOPE, ScheduleRule
-from .common import (as_target, extent, is_output_block, largest_divisor, ok, parallel_vector, root_blocks,
+from .common import (new_schedule, as_target, extent, is_output_block, largest_divisor, ok, parallel_vector, root_blocks,
                      still_exists, tile_local, transitive_producers, try_, vector_width_for, vectorize_inner)
 from .contraction import producer_to_stage, widening_to_stage
 from .fast_math import use_fast_math
@@ -178,9 +178,9 @@ class MatmulRule(ScheduleRule):
         # sees every epilogue tile read all M rows. Only when the GEMM is still recognised: the simplifier
         # also turns a unit batch iterator into the constant 0, which match_gemm does not take
         simple = s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
-        if find_gemm(s_tir.Schedule(tvm.IRModule({"main": simple}))) is not None:
+        if find_gemm(new_schedule(tvm.IRModule({"main": simple}))) is not None:
             func = simple
-        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
+        return self.schedule(new_schedule(tvm.IRModule({"main": use_fast_math(func)})), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines.

@@ -26,7 +26,7 @@ from ..target import AscendTarget
 from .analysis import find_gemm, has_reduce
 from .base import Scheduled, ScheduleRule
 from .bf16_dot import DEPTH, DOT_16x2_BF16, IMPORT_ANNOTATION, LANES, LLVM_WRAPPER
-from .common import extent, ok, root_blocks
+from .common import new_schedule, extent, ok, root_blocks
 from .hostvec import has_bf16_dot, host_vector
 from .layout import mark_prepack, packable_param
 
@@ -93,7 +93,7 @@ class Bf16MatmulRule(ScheduleRule):
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
         if not isinstance(func, tirx.PrimFunc) or on_chip_float(func) != "bfloat16" or not has_bf16_dot(host):
             return None
-        sch = s_tir.Schedule(func)
+        sch = new_schedule(func)
         found = _bf16_gemm(sch)
         if found is None:
             return None

@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import find_gemm, has_reduce
 from .base import ScheduleRule
-from .common import extent, ok, root_blocks
+from .common import new_schedule, extent, ok, root_blocks
 from .hostvec import has_int8_dot, host_vector
 from .int8_dot import DEPTH, DOT_16x4_U8S8, LANES, register_tile
 from .layout import mark_prepack, packable_param
@@ -55,7 +55,7 @@ class Int8MatmulRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(func)
+        sch = new_schedule(func)
         found = _int8_gemm(sch)
         if found is None:
             return None

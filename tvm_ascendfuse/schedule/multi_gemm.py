@@ -13,7 +13,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import is_contraction
 from .base import ScheduleRule
-from .common import block_infos, is_output_block, num_cores, ok, parallel_vector, root_blocks, vector_lanes
+from .common import new_schedule, block_infos, is_output_block, num_cores, ok, parallel_vector, root_blocks, vector_lanes
 from .contraction import is_widening_block, schedule_gemm_root
 from .injective import tile_injective
 
@@ -26,7 +26,7 @@ class MultiGemmRule(ScheduleRule):
     tunable = True      # one register block for the products: ``tiles`` chooser (base.ScheduleRule)
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        return self.schedule(s_tir.Schedule(func), target, host)
+        return self.schedule(new_schedule(func), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> "s_tir.Schedule | None":
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""

@@ -24,7 +24,7 @@ from ..target import AscendTarget
 from .analysis import has_reduce, match_conv2d
 from .base import ScheduleRule
 from .channel_pad import WEIGHT_PAD_BLOCK, pack_padded_weight, pad_conv_output_channels, padding_pays
-from .common import as_target, root_blocks
+from .common import new_schedule, as_target, root_blocks
 from .conv_schedule import ConvOptions, schedule_conv2d
 from .fast_math import use_fast_math
 from .gated_weight import gate_on_weight
@@ -41,7 +41,7 @@ class PaddedConv2dRule(ScheduleRule):
             return None
         hv = host_vector(host)
         func = gate_on_weight(func) or func     # an SE-gated input read as an ungated conv reads it
-        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        sch = new_schedule(tvm.IRModule({"main": func}))
         conv = _the_conv(sch)
         if conv is None:
             return None
@@ -73,7 +73,7 @@ def _the_conv(sch):
 
 
 def _schedule_padded(func, weight, target, hv) -> s_tir.Schedule | None:
-    sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
+    sch = new_schedule(tvm.IRModule({"main": use_fast_math(func)}))
     conv = _the_conv(sch)
     if conv is None:
         return None

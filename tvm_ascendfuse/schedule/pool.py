@@ -31,7 +31,7 @@ from ..target import AscendTarget
 from .analysis import PoolBlock, has_reduce, match_conv2d, match_pool
 from .base import UB_SCOPE, ScheduleRule
 from .channel_pad import WEIGHT_PAD_BLOCK, pack_padded_weight, pad_conv_output_channels, padding_pays
-from .common import (
+from .common import (new_schedule, 
     as_target,
     buffer_bytes,
     on_chip_bytes,
@@ -114,14 +114,14 @@ class PoolRule(ScheduleRule):
         padded = self._with_padded_conv(func, target, host)
         if padded is not None:
             return padded
-        return self.schedule(s_tir.Schedule(tvm.IRModule({"main": func})), target, host)
+        return self.schedule(new_schedule(tvm.IRModule({"main": func})), target, host)
 
     def _with_padded_conv(self, func, target, host) -> s_tir.Schedule | None:
         """The kernel with its conv's output channels padded to the host's full vector (``channel_pad.py``)
         where that takes fewer vector FMAs (SqueezeNet's classifier: 1000 channels in 125 vectors of 8 lanes
         on AVX-512, 63 of 16 padded), else None. The padded lanes are computed on zero weights; the epilogue
         and the pool read only the first OC channels of the accumulator."""
-        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        sch = new_schedule(tvm.IRModule({"main": func}))
         blocks = list(root_blocks(sch))
         reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
         if len(reductions) != 2 or match_pool(sch, blocks[reductions[1]]) is None:
@@ -137,7 +137,7 @@ class PoolRule(ScheduleRule):
         padded = pad_conv_output_channels(func, name, info.weight_buf, padded_oc)
         if padded is None:
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": padded}))
+        sch = new_schedule(tvm.IRModule({"main": padded}))
         blocks = [b for b in root_blocks(sch) if sch.get(b).name_hint != WEIGHT_PAD_BLOCK]
         reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
         pool = match_pool(sch, blocks[reductions[1]]) if len(reductions) == 2 else None

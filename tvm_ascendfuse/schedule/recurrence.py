@@ -19,6 +19,7 @@ from ..recurrence_kernel import ATTR, LayerSpec, layer_kernel
 from ..target import AscendTarget
 from .base import ScheduleRule, Scheduled
 from .hostvec import host_vector
+from .common import new_schedule
 
 
 class RecurrenceRule(ScheduleRule):
@@ -37,7 +38,7 @@ class RecurrenceRule(ScheduleRule):
             return None        # not the kernel the tag describes (edited after the converter): leave it
         for key, value in func.attrs.items():     # the kernel's own attrs (its symbol, op pattern) carry over
             new = new.with_attr(key, value)
-        sch = s_tir.Schedule(tvm.IRModule({"main": new}))
+        sch = new_schedule(tvm.IRModule({"main": new}))
         split = f"{spec.panels} panels of {spec.units} units over {cores} core(s)" if cores > 1 else \
             f"{spec.panels} panels of {spec.units} units, one core"
         return Scheduled(sch, f"recurrence: {spec.kind} layer of {spec.steps} steps in one kernel, {split}")

@@ -19,7 +19,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import conv_block_head, is_contraction, leading_spatial, uses_var
 from .base import UB_SCOPE, ScheduleRule, Scheduled
-from .common import (block_infos, blocks_under, buffer_bytes, extent, on_chip_bytes, get_realize, innermost_vector, is_output_block,
+from .common import (new_schedule, block_infos, blocks_under, buffer_bytes, extent, on_chip_bytes, get_realize, innermost_vector, is_output_block,
                      largest_divisor, loops_through, num_cores, ok, parallel_vector, root_blocks,
                      still_exists, transitive_producers, try_, vector_lanes, vector_storable, vector_width_for)
 from .contraction import (contiguous_along_output, inline_operand_chain, micro_tile, pad_output_axis,
@@ -39,7 +39,7 @@ class ReductionRule(ScheduleRule):
     tunable = True      # width of the partial sums: ``tiles`` chooser (base.ScheduleRule), ``schedule_rows``
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        return self.schedule(s_tir.Schedule(func), target, host)
+        return self.schedule(new_schedule(func), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
@@ -83,7 +83,7 @@ class GemmNormRule(ScheduleRule):
         self.row_blocks = row_blocks
 
     def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> Scheduled | None:
-        return self.schedule(s_tir.Schedule(func), target, host)
+        return self.schedule(new_schedule(func), target, host)
 
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> Scheduled | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""

@@ -24,7 +24,7 @@ from ..target import AscendTarget
 from ..tiling import GEMV_MAX_ROWS
 from .analysis import has_reduce
 from .base import UB_SCOPE, ScheduleRule
-from .common import ok, root_blocks, try_
+from .common import new_schedule, ok, root_blocks, try_
 from .fast_math import use_fast_math
 from .hostvec import host_vector
 from .partial_sums import vector_partial_sums, vectorize_partial_sums
@@ -43,7 +43,7 @@ class RowDotRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": use_fast_math(func)}))
+        sch = new_schedule(tvm.IRModule({"main": use_fast_math(func)}))
         return self.schedule(sch, host_vector(host))
 
     def schedule(self, sch: s_tir.Schedule, hv) -> s_tir.Schedule | None:

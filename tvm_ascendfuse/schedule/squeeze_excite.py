@@ -26,7 +26,7 @@ from tvm import s_tir, tirx
 from ..target import AscendTarget
 from .analysis import LOAD, has_reduce, is_cheap, is_contraction, strip_cast, uses_var
 from .base import UB_SCOPE, ScheduleRule
-from .common import buffer_bytes, extent, on_chip_bytes, ok, root_blocks, try_, vector_lanes, vector_width_for
+from .common import new_schedule, buffer_bytes, extent, on_chip_bytes, ok, root_blocks, try_, vector_lanes, vector_width_for
 from .layout import mark_prepack, packable_param
 from .partial_sums import partial_sum_width, vectorize_rf
 
@@ -45,7 +45,7 @@ class SqueezeExciteRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        sch = new_schedule(tvm.IRModule({"main": func}))
         blocks = list(root_blocks(sch))
         reductions = [b for b in blocks if has_reduce(sch, b)]
         if len(reductions) != 3:

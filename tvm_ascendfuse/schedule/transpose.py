@@ -236,6 +236,24 @@ def in_transpose_intrin(dtype: str, lanes: int, cols: int) -> str | None:
     return _register_once(_in_name(dtype, lanes, cols), lambda impl: _build_in(dtype, lanes, cols, impl))
 
 
+def _unit_stride_columns(block) -> bool:
+    """Does the staging copy ``block`` (writing ``[..., w, c]``) read its source's columns at ``w`` plus a
+    constant, so that 8 neighbouring output columns are 8 contiguous input elements (the intrinsic's vector
+    load)? Not for a strided conv's subsampling copy (``2 * w``): ``tensorize`` refuses that tile, and TVM
+    renders the whole module into the refusal's message (and prints a warning when it cannot)."""
+    store = block.body
+    if not isinstance(store, tvm.tirx.BufferStore) or len(store.indices) < 2:
+        return False
+    col = store.indices[-2]
+    if not isinstance(col, tvm.tirx.Var):
+        return False
+    for region in block.reads:
+        coeffs = tvm.sym.pattern.detect_linear_equation(region.region[-1].min, [col])
+        if len(coeffs) != 2 or not isinstance(coeffs[0], tvm.tirx.IntImm) or int(coeffs[0]) != 1:
+            return False
+    return True
+
+
 def transpose_load(sch, stage, lanes: int) -> bool:
     """Tensorize the NCHW -> NCHW[lanes]c staging copy ``stage`` of a pointwise conv's input (loops
     (..., w, c) with c the ``lanes`` vector loop) as (lanes x 8) register transposes: 8-column vector loads
@@ -250,6 +268,8 @@ def transpose_load(sch, stage, lanes: int) -> bool:
     width = sch.get(pw).extent
     if not isinstance(width, tvm.tirx.IntImm) or int(width) % IN_COLS:
         return False        # no whole 8-column tiles (checked first: a failed tensorize renders the module)
+    if not _unit_stride_columns(sch.get(stage)):
+        return False        # a strided gather (a stride-2 1x1 conv's subsampled input): no 8-column loads
 
     def apply(s):
         *_, pw, pci = s.get_loops(stage)

@@ -31,6 +31,7 @@ from tvm import s_tir, tirx
 from ..errors import AscendFuseError
 from ..target import AscendTarget, get_target
 from .base import Declined, Scheduled
+from .common import new_schedule
 
 UB_CHECK_SCOPES = ("local.UB", "local.L1", "local.L0A", "local.L0B", "local.L0C")
 
@@ -158,11 +159,11 @@ def candidate_schedules(workload: tvm.IRModule, rule_name: str, target: AscendTa
     schedule), the default first (the default is kept even over capacity: the untuned build uses it anyway,
     and the postprocessor keeps it from being measured)."""
     first = FixedTiles(0)
-    out = [(first, apply_tunable(s_tir.Schedule(workload), rule_name, target, host, first))]  # must not decline
+    out = [(first, apply_tunable(new_schedule(workload), rule_name, target, host, first))]  # must not decline
     for i in range(1, len(first.candidates)):
         chooser = FixedTiles(i)
         try:
-            sch = apply_tunable(s_tir.Schedule(workload), rule_name, target, host, chooser)
+            sch = apply_tunable(new_schedule(workload), rule_name, target, host, chooser)
         except AscendFuseError:
             continue
         if ub_fits(sch.mod["main"], target):
@@ -172,4 +173,4 @@ def candidate_schedules(workload: tvm.IRModule, rule_name: str, target: AscendTa
 
 def default_schedule(workload: tvm.IRModule, rule_name: str, target: AscendTarget, host) -> s_tir.Schedule:
     """The rule's own choice as a point of its space (decision 0), traced like every searched candidate."""
-    return apply_tunable(s_tir.Schedule(workload), rule_name, target, host, FixedTiles(0))
+    return apply_tunable(new_schedule(workload), rule_name, target, host, FixedTiles(0))

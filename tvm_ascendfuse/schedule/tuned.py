@@ -20,6 +20,7 @@ import tvm
 import tvm_ffi
 
 from .base import Declined, ScheduleRule, Scheduled
+from .common import new_schedule
 
 SCHEDULES_ENV = "ASCENDFUSE_SCHEDULES"
 WORKLOADS_FILE = "database_workload.json"
@@ -206,4 +207,4 @@ def finish_traced(sch):
     from .transpose import rewrite_transposed_stages
 
     func, rewritten = rewrite_transposed_stages(sch.mod["main"])
-    return s_tir.Schedule(tvm.IRModule({"main": func})) if rewritten else sch
+    return new_schedule(tvm.IRModule({"main": func})) if rewritten else sch
