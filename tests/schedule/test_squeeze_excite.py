@@ -97,6 +97,7 @@ def test_partial_sum_width():
     assert [partial_sum_width(n, 16) for n in (49, 196, 3136, 100, 9, 8, 12544)] == [7, 14, 16, 10, 1, 4, 16]
     assert [partial_sum_width(n, 8) for n in (49, 196, 64)] == [7, 7, 8]
     assert partial_sum_width(None, 16) == 16
+    assert [partial_sum_width(n, 4) for n in (49, 196, 10)] == [7, 7, 5]     # SSE: two registers, not scalar
 
 
 def _fc_vector_widths(mod) -> list[int]:

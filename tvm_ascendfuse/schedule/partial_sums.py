@@ -17,15 +17,21 @@ from .analysis import block_name, has_reduce
 from .common import extent, get_realize, ok, root_blocks, try_, vector_width_for
 
 
+# the widest partial sums a narrow host gets (lanes in up to two of its registers)
+MIN_WIDEST = 8
+
+
 def partial_sum_width(ext: int | None, lanes: int) -> int:
     """Lanes of the partial sums of a whole-plane row of ``ext`` elements: the widest divisor of ``ext`` from
     ``lanes`` down to 4 that leaves at least two chunks, else 1 (scalar). Each lane is a chain of adds that
     waits for its previous one, so wider partial sums are shorter chains: 7x7 planes (49 pixels) take 7
     lanes instead of one scalar chain, 14x14 planes (196) 14 instead of 4. A symbolic row takes ``lanes``
-    (its tail is predicated)."""
+    (its tail is predicated). On a 4-lane (SSE) host up to 8 lanes (two registers): with 4 alone a 7x7 plane
+    would be one scalar chain."""
     if ext is None:
         return lanes
-    return next((d for d in range(min(lanes, ext // 2), 3, -1) if ext % d == 0), 1)
+    widest = max(lanes, MIN_WIDEST)
+    return next((d for d in range(min(widest, ext // 2), 3, -1) if ext % d == 0), 1)
 
 
 def lane_partials(sch, names, lanes: int) -> set:
