@@ -23,10 +23,11 @@ from tvm import s_tir, tirx
 
 from ..precision.on_chip import on_chip_float
 from ..target import AscendTarget
-from .analysis import find_gemm, has_reduce
+from .analysis import find_gemm
 from .base import Scheduled, ScheduleRule
 from .bf16_dot import DEPTH, DOT_16x2_BF16, IMPORT_ANNOTATION, LANES, LLVM_WRAPPER
 from .common import new_schedule, extent, ok, root_blocks
+from .dot_gemm import dot_gemm_operands, pair_packing, split_dot_tile
 from .hostvec import has_bf16_dot, host_vector
 from .layout import mark_prepack, packable_param
 
@@ -75,14 +76,7 @@ def _bf16_gemm(sch: s_tir.Schedule):
     if str(info.a_buf.dtype) not in ("float32", "bfloat16") or \
             {str(b.dtype) for b in (info.b_buf, info.c_buf)} != {"float32"}:
         return None
-    if info.batch or len(info.b_buf.shape) != 2:
-        return None
-    if any(has_reduce(sch, b) for i, b in enumerate(blocks) if i != gi):
-        return None
-    params = list(sch.mod["main"].params)
-    if not all(any(p.same_as(buf) for p in params) for buf in (info.a_buf, info.b_buf)):
-        return None     # an operand computed in the kernel (a prologue): the float32 rules stage it
-    return blocks, gi, info
+    return (blocks, gi, info) if dot_gemm_operands(sch, blocks, gi, info) else None
 
 
 class Bf16MatmulRule(ScheduleRule):
@@ -108,9 +102,6 @@ class Bf16MatmulRule(ScheduleRule):
         k_len, n_len = ext[info.k], ext[info.n]
         if k_len % DEPTH or n_len % LANES:
             return None
-        if sorted(info.m + [info.n, info.k]) != list(range(len(loops))) or info.k != len(loops) - 1 \
-                or info.n != len(loops) - 2:
-            return None
         hv = host_vector(host)
         tile = register_tile(ext[info.m[-1]], n_len // LANES, hv.accumulators)
         if tile is None or tile[0] * tile[1] < MIN_TILE_VECTORS:
@@ -124,27 +115,15 @@ class Bf16MatmulRule(ScheduleRule):
         rest = list(root_blocks(sch))
         epilogue = rest[-1] if len(rest) > 1 else None
 
-        b_axes = (info.b_k_axis, info.b_n_axis)
-
-        def pack(*axes):
-            k, n = axes[b_axes[0]], axes[b_axes[1]]
-            return [n // LANES, k // DEPTH, n % LANES, k % DEPTH]
-
         # B packed and converted to bf16 in the compile-time preproc block; A converted once, at the root
-        b_copy = mark_prepack(sch, gemm, info.b_read, pack)
+        b_copy = mark_prepack(sch, gemm, info.b_read, pair_packing(info, LANES, DEPTH))
         sch.unsafe_set_dtype(b_copy, 0, "bfloat16")
         a_stage = sch.cache_read(gemm, info.a_read, "global")
         sch.unsafe_set_dtype(a_stage, 0, "bfloat16")
-
-        loops = sch.get_loops(gemm)
-        m_outer = [loops[i] for i in info.m[:-1]]
-        n_loop, k_loop = loops[-2], loops[-1]
-        mo, mi = sch.split(loops[info.m[-1]], [None, mr])
-        no, nvo, ni = sch.split(n_loop, [None, nv, LANES])
-        ko, ki = sch.split(k_loop, [None, DEPTH])
-        sch.reorder(no, *m_outer, mo, ko, mi, nvo, ni, ki)
-        outer = sch.fuse(no, *m_outer, mo)
-        sch.parallel(outer)
+        tiled = split_dot_tile(sch, gemm, info, mr, nv, LANES, DEPTH)
+        if tiled is None:
+            return None
+        outer, ko, mi, nvo, ni, _ = tiled
         # the accumulator tile in a buffer of its own, one tile large (registers once unrolled): in the
         # kernel's output or a buffer of its size LLVM keeps it in memory (the A pair is read through a
         # pointer that might alias it). Global scope: TVM puts a small global buffer on the stack (a local

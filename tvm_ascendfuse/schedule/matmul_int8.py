@@ -18,9 +18,10 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..target import AscendTarget
-from .analysis import find_gemm, has_reduce
+from .analysis import find_gemm
 from .base import ScheduleRule
 from .common import new_schedule, extent, ok, root_blocks
+from .dot_gemm import dot_gemm_operands, pair_packing, split_dot_tile
 from .hostvec import has_int8_dot, host_vector
 from .int8_dot import DEPTH, DOT_16x4_U8S8, LANES, register_tile
 from .layout import mark_prepack, packable_param
@@ -37,14 +38,7 @@ def _int8_gemm(sch: s_tir.Schedule):
     blocks, gi, info = found
     if (_dtype(info.a_buf), _dtype(info.b_buf), _dtype(info.c_buf)) != ("uint8", "int8", "int32"):
         return None
-    if info.batch or len(info.b_buf.shape) != 2:
-        return None
-    if any(has_reduce(sch, b) for i, b in enumerate(blocks) if i != gi):
-        return None
-    params = list(sch.mod["main"].params)
-    if not all(any(p.same_as(buf) for p in params) for buf in (info.a_buf, info.b_buf)):
-        return None     # A computed in the kernel (a prologue on the operand): the generic rules stage it
-    return blocks, gi, info
+    return found if dot_gemm_operands(sch, blocks, gi, info) else None
 
 
 class Int8MatmulRule(ScheduleRule):
@@ -87,28 +81,13 @@ class Int8MatmulRule(ScheduleRule):
         rest = list(root_blocks(sch))
         epilogue = rest[-1] if len(rest) > 1 else None
 
-        b_axes = (info.b_k_axis, info.b_n_axis)
-
-        def pack(*axes):
-            k, n = axes[b_axes[0]], axes[b_axes[1]]
-            return [n // LANES, k // DEPTH, n % LANES, k % DEPTH]
-
-        mark_prepack(sch, gemm, info.b_read, pack)
-
-        loops = sch.get_loops(gemm)
-        if sorted(info.m + [info.n, info.k]) != list(range(len(loops))) or info.k != len(loops) - 1 \
-                or info.n != len(loops) - 2:
-            return None
-        m_outer = [loops[i] for i in info.m[:-1]]
-        n_loop, k_loop = loops[-2], loops[-1]
-        mo, mi = sch.split(loops[info.m[-1]], [None, mr])
-        no, nvo, ni = sch.split(n_loop, [None, nv, LANES])
-        ko, ki = sch.split(k_loop, [None, DEPTH])
+        mark_prepack(sch, gemm, info.b_read, pair_packing(info, LANES, DEPTH))
         vnni = has_int8_dot(host)
         # VNNI: the 16 x 4 (lanes x depths) step is the intrinsic; else depths outside the 16 vector lanes
-        sch.reorder(no, *m_outer, mo, ko, mi, nvo, *((ni, ki) if vnni else (ki, ni)))
-        outer = sch.fuse(no, *m_outer, mo)
-        sch.parallel(outer)
+        tiled = split_dot_tile(sch, gemm, info, mr, nv, LANES, DEPTH, depth_inside=vnni)
+        if tiled is None:
+            return None
+        outer, ko, mi, nvo, ni, ki = tiled
         # the accumulator tile lives in registers; the epilogue reads it directly, tile by tile. Without an
         # epilogue the tile accumulates in the output itself (a write-back stage would be a copy of it)
         acc = sch.cache_write(gemm, 0, "global") if epilogue is not None else None  # global: as the intrinsic
