@@ -86,12 +86,12 @@ def run():
     ours = vm["main"](tvm.runtime.tensor(x.numpy())).numpy()
     with torch.no_grad():
         eager = model(x).numpy()
-    err = float(np.max(np.abs(ours - eager)))
+    err = float(np.max(np.abs(ours - eager)) / max(float(np.max(np.abs(eager))), 1e-30))   # on the output's scale
     folded = result.report.get("ConvBatchnormFusionPass").effect_times
     print(f"TinyResNet: {len(result.report.kernels)} kernels, {folded} BatchNorms folded into convs")
     for k in result.report.kernels:
         print(f"   {k.get('rule', '?'):10s} {'+'.join(k['ops'])}")
-    print(f"   max |ours - eager PyTorch| = {err:.2e}")
+    print(f"   max |ours - eager PyTorch| / max |eager| = {err:.2e}")
 
     # 3. a saved exported program, from the command line
     block, block_args = llama_block(seq=args.seq, hidden=args.hidden, heads=args.heads, ffn=args.ffn)
