@@ -68,11 +68,13 @@ def test_squeeze_excite_on_its_rule(name, blocks):
 
 
 def test_dense_preactivation_in_conv_prologue():
-    """Every BN -> ReLU in front of a conv runs in that conv's kernel: one kernel per conv (7; the transition
-    conv with its average pool on the pool rule)."""
+    """Every BN -> ReLU in front of a conv runs in that conv's kernel: one kernel per conv (7), except the
+    transition's, whose average pool moves in front of its 1x1 conv (PoolConvCommuteFusionPass: the conv on a
+    quarter of the pixels): BN -> ReLU -> pool one kernel on the pool rule, the conv on the pooled plane."""
     result, _, _, rules = compiled("dense")
     assert result.report.get("BatchnormScaleFusionPass").effect_times == 4     # 3 layers + the transition
-    assert dict(rules) == {"conv2d": 6, "pool": 1}, rules
+    assert result.report.get("PoolConvCommuteFusionPass").effect_times == 1
+    assert dict(rules) == {"conv2d": 7, "pool": 1}, rules
 
 
 def test_inception_siblings_merged():

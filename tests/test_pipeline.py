@@ -90,7 +90,7 @@ def test_transformer_mlp_recognised():
 def test_every_pass_is_listed_and_switchable():
     from tvm_ascendfuse.switches import GRAPH_FUSION, known_switches
     names = [cls.switch_name for cls in GRAPH_FUSION_PASSES]
-    assert len(set(names)) == len(names) == 32
+    assert len(set(names)) == len(names) == 33
     assert all(known_switches()[n].category == GRAPH_FUSION for n in names)
     assert names.index("LayerNormFusionPass") < names.index("RMSNormFusionPass")
     assert names.index("FocusConvFusionPass") < names.index("ConvBatchnormFusionPass")
@@ -106,6 +106,9 @@ def test_every_pass_is_listed_and_switchable():
         < names.index("ConvSiblingMergeFusionPass")
     # conv branches summed over one input become one conv before the sibling merge could concatenate them
     assert names.index("BatchnormScaleFusionPass") < names.index("ConvBranchSumFusionPass") \
+        < names.index("ConvSiblingMergeFusionPass")
+    # a pool moves across a 1x1 conv once a folded BN's bias is on the conv, and before the sibling merge
+    assert names.index("BatchnormScaleFusionPass") < names.index("PoolConvCommuteFusionPass") \
         < names.index("ConvSiblingMergeFusionPass")
     # one-op attention is written out, and its transposes collapsed, before anything looks for attention
     assert names.index("ScaledDotProductAttentionFusionPass") < names.index("TransposeChainFusionPass") \

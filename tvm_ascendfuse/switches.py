@@ -41,6 +41,7 @@ IDENTITY_COPY = "IdentityCopyFusionPass"
 CONCAT_SPLIT = "ConcatSplitFusionPass"
 CONV_SIBLING_MERGE = "ConvSiblingMergeFusionPass"
 CONV_BRANCH_SUM = "ConvBranchSumFusionPass"
+POOL_CONV_COMMUTE = "PoolConvCommuteFusionPass"
 CONV_BATCHNORM = "ConvBatchnormFusionPass"
 CONV_BIAS_ADD = "ConvBiasAddFusionPass"
 FOCUS_CONV = "FocusConvFusionPass"
@@ -119,6 +120,10 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "a sum of convs of one input with constant weights and the same stride/groups/dilation (+ the "
                "input itself or a per-channel affine of it) -> one conv whose kernel is their centred sum "
                "(RepVGG/MobileOne blocks in training form)"),
+    SwitchInfo(POOL_CONV_COMMUTE, GRAPH_FUSION,
+               "an average pool next to a 1x1 conv moved to the side where the pair counts fewer operations "
+               "(DenseNet's transition conv on the pooled pixels, Inception's pool branch over the conv's "
+               "channels)"),
     SwitchInfo(FOCUS_CONV, GRAPH_FUSION, "YOLOv5 Focus (4 strided slices + concat + conv) -> one stride-2 conv"),
     SwitchInfo(GELU, GRAPH_FUSION, "recognise the erf and tanh forms of GELU as gelu / gelu_tanh"),
     SwitchInfo(LAYER_NORM, GRAPH_FUSION, "recognise mean/sub/pow/mean/add/sqrt/div(*gamma+beta) as layer_norm"),

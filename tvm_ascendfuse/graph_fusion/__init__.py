@@ -32,6 +32,10 @@
    fold see the tensor itself.
 7. ``BatchnormScaleFusionPass``: every BN left (not behind a conv/matmul: pre-activation BN) becomes a
    per-channel multiply-add the grouping can fuse into the next conv's input prologue.
+7b. ``PoolConvCommuteFusionPass``: an average pool and a 1x1 conv next to each other swap when the other
+   order counts fewer operations; after the BN folds (a folded bias is what may or may not cross the pool)
+   and before the sibling merge, which then sees a pool branch's conv reading the block input beside the
+   other branches' convs (it stays apart from them: a pool, not their activation, follows it).
 8. ``ConvBranchSumFusionPass`` then ``ConvSiblingMergeFusionPass``. The first turns a sum of convs of one
    input (RepVGG/MobileOne branches, their BNs folded by step 6, the BN of the input made ``x * s + t`` by
    step 7) into one conv with the summed kernel; it must come before the sibling merge, which would otherwise
@@ -84,6 +88,7 @@ from .matmul_quant import MatMulQuantFusionPass
 from .matmul_integer import DynamicQuantMatMulFusionPass
 from .matmul_sibling_merge import MatMulSiblingMergeFusionPass
 from .packed_qkv import PackedQkvFusionPass
+from .pool_conv_commute import PoolConvCommuteFusionPass
 from .rms_norm import RMSNormFusionPass
 from .softmax import SoftmaxFusionPass
 from .static_shape import StaticShapeCanonicalizePass
@@ -113,6 +118,7 @@ GRAPH_FUSION_PASSES: list = [
     ConcatSplitFusionPass,
     ConvBatchnormFusionPass,
     BatchnormScaleFusionPass,
+    PoolConvCommuteFusionPass,
     ConvBranchSumFusionPass,
     ConvSiblingMergeFusionPass,
     GemmRowLayoutFusionPass,
