@@ -53,6 +53,16 @@ def test_rows_the_block_does_not_divide_take_a_tail_free_block():
     check_rule(Conv2dRule(), func, host=NATIVE)
 
 
+def test_rows_only_three_columns_divide_take_four_vectors():
+    """SqueezeNet's stem: 111 output columns (3 x 37; here 57 = 3 x 19) leave one or two vectors no tail-free
+    block with half the accumulators busy; four vectors x 3 columns (12 accumulators) instead of 2 x 8 and a
+    predicated tail."""
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    func = fused_kernel(conv_bias_relu(2, 0), [(1, 3, 9, 115), (64, 3, 3, 3), (1, 64, 1, 1)])   # 57 = 3 x 19 wide
+    assert "ocr=4, owr=3" in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
+
+
 def test_portable_host():
     func = fused_kernel(conv_bias_relu(1, 1), [(1, 8, 9, 9), (16, 8, 3, 3), (1, 16, 1, 1)])
     check_rule(Conv2dRule(), func, host=HOST)
