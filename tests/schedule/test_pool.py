@@ -321,3 +321,42 @@ def test_channel_lane_tiles_hold_whole_vectors():
         for step in (4, 8, 16):
             cb, rb = choose_pool_tile(channels, 13, 13, pool, 4, NPU, cores=2, step=step)
             assert cb % step == 0 and channels % cb == 0 and 13 % rb == 0, (channels, step, cb)
+
+
+def squeezenet_stem(x, w, b):
+    """SqueezeNet's stem: conv 3x3/2 + bias + ReLU + max-pool 3x3/2 in ceil mode, one kernel."""
+    y = op.nn.relu(op.add(op.nn.conv2d(x, w, strides=2), b))
+    return op.nn.max_pool2d(y, pool_size=3, strides=2, ceil_mode=True)
+
+
+def _kernel_buffers(mod) -> list[tuple]:
+    """(shape, scope) of the buffers the scheduled kernel allocates."""
+    import tvm_ffi
+    from tvm import s_tir
+
+    found = []
+    tvm_ffi.structural_walk(mod["main"].body, [(s_tir.SBlock, lambda block: found.extend(
+        (tuple(int(d) for d in b.shape), b.scope()) for b in block.alloc_buffers))], order="pre")
+    return found
+
+
+@pytest.mark.parametrize("case", [
+    (squeezenet_stem, [(1, 3, 31, 29), (32, 3, 3, 3), (1, 32, 1, 1)]),        # 15 x 14 -> 7 x 7 (ceil)
+    (stem, [(1, 3, 30, 26), (16, 3, 7, 7), (1, 16, 1, 1)]),                    # padded pool (ResNet's stem)
+    (lambda x, w, b: op.nn.avg_pool2d(op.add(op.nn.conv2d(x, w), b), pool_size=3, strides=1, padding=[1] * 4,
+                                      count_include_pad=True),                  # Inception's pool branch,
+     [(1, 24, 9, 11), (16, 24, 1, 1), (1, 16, 1, 1)]),                          # convolved first
+])
+def test_pool_behind_a_conv_reads_its_channel_vectors(case):
+    """The conv part's result stays in the accumulator's NCHW[vl]c layout (a 5-d kernel buffer, written on
+    channel vectors) and the pool reads whole channel vectors of it; same numbers as the unscheduled kernel on
+    the AVX-512, AVX2 and portable hosts (whose vectors give 16, 8 and 4 lanes)."""
+    build, shapes = case
+    oc = shapes[1][0]
+    for host in (NATIVE, AVX2_HOST, HOST):
+        lanes = host_vector(host).lanes("float32")
+        mod = check_rule(PoolRule(), fused_kernel(build, shapes), host=host)
+        assert f"{lanes} channel lanes" in mod.script(), host
+        kernel = [shape for shape, scope in _kernel_buffers(mod) if scope == "global"]     # (and the padded input)
+        assert [s for s in kernel if len(s) == 5 and s[1] * s[4] == oc and s[4] == lanes], (host, kernel)
+        assert not [s for s in kernel if len(s) == 4 and s[1] == oc], (host, kernel)

@@ -9,7 +9,9 @@ and out of UB (scalar, one load and store per element, which the plain path's st
 input).
 
 Used by ``PoolRule`` for window pools (and whole-plane pools behind a conv) with output rows shorter than a
-host vector and a channel count a vector of at least ``MIN_LANES`` lanes divides; the tile is ``cb`` channels (a multiple of the lane count) x ``rb``
+host vector and a channel count a vector of at least ``MIN_LANES`` lanes divides, and for any pool behind a
+conv in the same kernel whose result the conv part leaves in its accumulator's channel-vector layout (no
+transposing copy in: ``blocked_source``); the tile is ``cb`` channels (a multiple of the lane count) x ``rb``
 output rows, chosen as the plain path chooses it.
 """
 
@@ -48,10 +50,13 @@ def _blocked(lanes: int):
     return lambda n, c, h, w: (n, c // lanes, h, w, c % lanes)
 
 
-def schedule_lane_pool(sch, prologue, pool: PoolBlock, epilogue, lanes: int, cb: int, rb: int) -> bool:
+def schedule_lane_pool(sch, prologue, pool: PoolBlock, epilogue, lanes: int, cb: int, rb: int,
+                       blocked_source: bool = False) -> bool:
     """Schedule the pool (root blocks ``prologue`` -> ``pool`` -> ``epilogue``) with ``cb`` channels (a
     multiple of ``lanes``) x ``rb`` output rows per tile and the channel lanes innermost; False (the schedule
-    left partly changed: call on a copy first) when a step does not apply."""
+    left partly changed: call on a copy first) when a step does not apply. ``blocked_source``: the tensor the
+    pool reads is already (N, C // lanes, H, W, lanes) (a conv's result in the same kernel, ``PoolRule``):
+    the staging copy then moves whole channel vectors instead of transposing."""
     block = pool.block
     loops = sch.get_loops(block)
     if len(loops) != 6 or cb % lanes:
@@ -105,8 +110,14 @@ def schedule_lane_pool(sch, prologue, pool: PoolBlock, epilogue, lanes: int, cb:
     # ``lanes`` channels' cache lines of the staged tile written together (measured faster than either order
     # of whole rows)
     c_loop, h_loop, w_loop = sch.get_loops(stage)[-3:]
-    wo, wi = sch.split(w_loop, [None, lanes])
-    sch.reorder(h_loop, wo, c_loop, wi)
+    if blocked_source:
+        co, ci = sch.split(c_loop, [None, lanes])
+        sch.reorder(co, h_loop, w_loop, ci)
+        if not ok(sch.vectorize, ci):
+            return False
+    else:
+        wo, wi = sch.split(w_loop, [None, lanes])
+        sch.reorder(h_loop, wo, c_loop, wi)
     # parallel and vectorised before the reduction is split into init + update: TVM's legality check accepts
     # a data-parallel loop over a reduction block, not over the update block alone
     try_(sch.parallel, tile)

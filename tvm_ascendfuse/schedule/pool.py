@@ -17,22 +17,31 @@ staged in ``local.UB``, its outputs are produced in ``local.UB`` and written bac
 reshape). Tiles are sized from the target's usable UB (double-buffered) and spread over the host cores;
 staging and write-back are vectorised, the window is reduced innermost per output. Tunable: the tile is a
 sampled decision over the tiles within the same UB budget (``pool_tile_candidates``). Output rows shorter
-than a host vector are pooled with a channel vector innermost instead (``lane_pool.py``).
+than a host vector are pooled with a channel vector innermost instead (``lane_pool.py``), and so is a pool
+behind a conv, which then reads the conv part's result in the accumulator's channel-vector layout
+(``PoolRule._schedule_blocked``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..target import AscendTarget
 from .analysis import PoolBlock, has_reduce, match_conv2d, match_pool
 from .base import UB_SCOPE, ScheduleRule
 from .channel_pad import WEIGHT_PAD_BLOCK, pack_padded_weight, pad_conv_output_channels, padding_pays
-from .common import (new_schedule, 
+from .common import (new_schedule,
     as_target,
+    blocks_under,
+    get_realize,
+    is_output_block,
+    still_exists,
+    unwritten_output,
     buffer_bytes,
     on_chip_bytes,
     extent,
@@ -45,11 +54,13 @@ from .common import (new_schedule,
     vector_lanes,
     vectorize_inner,
 )
-from .conv_schedule import DEFAULT_OPTIONS, ConvOptions, schedule_conv2d
+from .conv_schedule import DEFAULT_OPTIONS, ConvOptions, extent_of, schedule_conv2d
 from .hostvec import host_vector
 from .lane_pool import channel_lanes, schedule_lane_pool
 from .plane_pool import schedule_plane_pool
 
+# Columns of a conv epilogue on channel vectors unrolled (a register block's or a short row's).
+MAX_UNROLLED_COLUMNS = 16
 # Enough tiles that every core gets several (a tile's rows differ in cost at the padded border).
 TILES_PER_CORE = 4
 
@@ -173,17 +184,11 @@ class PoolRule(ScheduleRule):
         pi = reductions[-1]
         start = 0
         if len(reductions) == 2:
-            ci = reductions[0]
-            out_shape = sch.get(blocks[ci]).writes[0].source.ty.shape
-            end = ci + 1
-            while end < pi and tile_local(sch, blocks[end], out_shape):
-                end += 1
-            conv_part = blocks[:end]
-            # the conv and its elementwise epilogue: the conv rule's schedule, its result in a kernel buffer
-            if schedule_conv2d(sch, conv_part, ci, match_conv2d(sch, blocks[ci]), target, host_vector(host),
-                               conv_opts) is None:
+            if self._schedule_blocked(sch, blocks, reductions, pool, target, host, conv_opts):
+                return sch
+            start = self._schedule_conv_part(sch, blocks, reductions, target, host, conv_opts)
+            if start is None:
                 return None
-            start = end
         prologue = [b for b in blocks[start:pi]]
         epilogue = list(blocks[pi + 1:])
         if any(has_reduce(sch, b) for b in prologue + epilogue):
@@ -191,6 +196,69 @@ class PoolRule(ScheduleRule):
         if start == 0 and self._schedule_global(sch, prologue, pool, epilogue, host):
             return sch
         return sch if self._schedule_pool(sch, prologue, pool, epilogue, target, host) else None
+
+    @staticmethod
+    def _schedule_conv_part(sch, blocks, reductions, target, host, conv_opts) -> int | None:
+        """Schedule the conv and its elementwise epilogue (the conv rule's schedule, its result in a kernel
+        buffer); the index of the first block after them, or None when the conv schedule declines."""
+        ci, pi = reductions
+        out_shape = sch.get(blocks[ci]).writes[0].source.ty.shape
+        end = ci + 1
+        while end < pi and tile_local(sch, blocks[end], out_shape):
+            end += 1
+        if schedule_conv2d(sch, blocks[:end], ci, match_conv2d(sch, blocks[ci]), target, host_vector(host),
+                           conv_opts) is None:
+            return None
+        return end
+
+    def _schedule_blocked(self, sch, blocks, reductions, pool: PoolBlock, target, host, conv_opts) -> bool:
+        """The pool behind a conv in the same kernel on the conv's channel vectors: the conv part's result (a
+        kernel buffer written by its last epilogue block) laid out as the accumulator is, (N, C // vl, H, W,
+        vl), its epilogue computing whole channel vectors, and the pool reading them (``lane_pool.py``,
+        ``blocked_source``); the pool's result reaches NCHW in its write-back.
+
+        Why: the NCHW result made the epilogue read the accumulator lane-strided, and the pool then read
+        it one scalar a window tap; SqueezeNet's stem (conv 3->64 + ReLU + max-pool 3x3/2 over a 111-wide
+        plane) ran its pool part as long as its conv. Only the pool's result (a quarter of the conv's
+        elements for a stride-2 pool) crosses lanes now. The conv's epilogue then needs no register
+        transpose of its own (``ConvOptions.transpose`` off). False, with ``sch`` unchanged, when the pieces
+        do not have that form (everything is tried on a copy first)."""
+        n, c, y, x, *_ = sch.get_loops(pool.block)
+        channels, rows, cols = extent(sch, c), extent(sch, y), extent(sch, x)
+        lanes = host_vector(host).lanes(str(sch.get(pool.block).writes[0].source.dtype))
+        if None in (channels, rows, cols) or channels % lanes:
+            return False
+        nbytes = on_chip_bytes(pool.source, target)
+        cb, rb = choose_pool_tile(channels, rows, cols, pool, nbytes, target, num_cores(host), lanes)
+        cb, rb = self.choose(sch, (cb, rb), lambda: [t for t in pool_tile_candidates(
+            (cb, rb), channels, rows, cols, pool, nbytes, target, num_cores(host)) if t[0] % lanes == 0])
+        opts = replace(conv_opts, transpose=False, lane_epilogue=False)
+
+        def apply(s) -> bool:
+            start = self._schedule_conv_part(s, blocks, reductions, target, host, opts)
+            if start is None:
+                return False
+            conv, last, prologue = blocks[reductions[0]], blocks[start - 1], blocks[start:reductions[1]]
+            if not still_exists(s, last) or is_output_block(s, last):
+                return False
+            # the accumulator NCHW[lanes]c over the planes of the result (not the pixel-vector form)
+            acc = [extent_of(d) for d in s.get(conv).writes[0].source.ty.shape]
+            out = [extent_of(d) for d in s.get(last).writes[0].source.ty.shape]
+            if len(acc) != 5 or len(out) != 4 or acc[4] != lanes or acc[2:4] != out[2:4] \
+                    or None in out or acc[1] * lanes < out[1]:
+                return False
+            if any(has_reduce(s, b) for b in prologue) or not _reads_only(s, prologue, s.get(last).writes[0].source):
+                return False
+            return _epilogue_on_channel_vectors(s, last, lanes) and schedule_lane_pool(
+                s, prologue, pool, list(blocks[reductions[1] + 1:]), lanes, cb, rb, blocked_source=True) \
+                and unwritten_output(s.mod["main"]) is None
+
+        try:
+            if not apply(sch.copy()):
+                return False
+        except (s_tir.ScheduleError, ValueError, RuntimeError):
+            return False
+        return apply(sch)
 
     @staticmethod
     def _schedule_global(sch, prologue, pool: PoolBlock, epilogue, host) -> bool:
@@ -280,3 +348,45 @@ class PoolRule(ScheduleRule):
         try_(sch.unroll, sch.get_loops(block)[-1])
         sch.annotate(block, "ascendfuse.schedule", f"pool tile {cb}ch x {rb}rows")
         return True
+
+
+def _epilogue_on_channel_vectors(sch, last, vl: int) -> bool:
+    """Re-lay the buffer ``last`` writes out as (N, C // vl, H, W, vl) and compute ``last`` on channel vectors:
+    its channel loop split by ``vl`` and innermost (vectorised), its column loops fused outside it. ``last``
+    is a conv epilogue block placed per tile (its innermost loops run over channels and columns only);
+    False when it is not."""
+    if not ok(sch.transform_layout, last, ("write", 0), lambda a, ch, h, w: (a, ch // vl, h, w, ch % vl)):
+        return False
+    realize = get_realize(sch, last)
+    if len(realize.iter_values) != 4:
+        return False
+    uses = lambda lp, k: any(v.same_as(sch.get(lp).loop_var)    # noqa: E731
+                             for v in collect_vars_used_in_prim_expr(realize.iter_values[k]))
+    inner = []
+    for lp in reversed(sch.get_loops(last)):
+        own = len(blocks_under(sch, lp)) == 1          # not a loop of the conv's tiles as well
+        if not own or not (uses(lp, 1) or uses(lp, 3)) or (uses(lp, 1) and uses(lp, 3)):
+            break
+        inner.insert(0, lp)
+    channel = [lp for lp in inner if uses(lp, 1)]
+    columns = [lp for lp in inner if uses(lp, 3)]
+    if not channel:
+        return False
+    sch.reorder(*columns, *channel)
+    # one plain loop each (a loop the conv schedule vectorised or split becomes a plain one)
+    ch = sch.fuse(*(channel if len(channel) > 1 else sch.split(channel[0], [None, 1])))
+    if (extent(sch, ch) or 1) % vl:
+        return False
+    if columns:
+        col = sch.fuse(*(columns if len(columns) > 1 else sch.split(columns[0], [None, 1])))
+        if (extent(sch, col) or 0) <= MAX_UNROLLED_COLUMNS:
+            sch.unroll(col)
+    _, ci = sch.split(ch, [None, vl])
+    return ok(sch.vectorize, ci)
+
+
+def _reads_only(sch, prologue, source) -> bool:
+    """Do the blocks between the conv part and the pool read nothing but the conv part's result ``source``
+    and each other's results (a padding block: yes; a concat with another input: no)?"""
+    own = {sch.get(b).writes[0].source for b in prologue} | {source}
+    return all(any(r.source.same_as(o) for o in own) for b in prologue for r in sch.get(b).reads)
