@@ -343,6 +343,9 @@ def _kernel_buffers(mod) -> list[tuple]:
 @pytest.mark.parametrize("case", [
     (squeezenet_stem, [(1, 3, 31, 29), (32, 3, 3, 3), (1, 32, 1, 1)]),        # 15 x 14 -> 7 x 7 (ceil)
     (stem, [(1, 3, 30, 26), (16, 3, 7, 7), (1, 16, 1, 1)]),                    # padded pool (ResNet's stem)
+    (lambda x, w, b: op.nn.max_pool2d(op.nn.relu(op.add(op.nn.conv2d(x, w), b)), pool_size=3, strides=2),
+     [(1, 8, 13, 11), (32, 8, 3, 3), (1, 32, 1, 1)]),                           # no padding block (Inception's
+                                                                                # conv 3x3 + max-pool)
     (lambda x, w, b: op.nn.avg_pool2d(op.add(op.nn.conv2d(x, w), b), pool_size=3, strides=1, padding=[1] * 4,
                                       count_include_pad=True),                  # Inception's pool branch,
      [(1, 24, 9, 11), (16, 24, 1, 1), (1, 16, 1, 1)]),                          # convolved first

@@ -77,7 +77,11 @@ def schedule_lane_pool(sch, prologue, pool: PoolBlock, epilogue, lanes: int, cb:
             return False
     if stage is None:
         stage = sch.cache_read(block, 0, UB_SCOPE, consumer_blocks=[block])
-    if not ok(sch.transform_layout, stage, ("write", 0), blocked):
+    # a copy of a blocked source (no padding block in between) is blocked already
+    copied_blocked = len(sch.get(stage).writes[0].source.ty.shape) == 5
+    if copied_blocked and not blocked_source:
+        return False
+    if not copied_blocked and not ok(sch.transform_layout, stage, ("write", 0), blocked):
         return False
 
     out_shape = sch.get(block).writes[0].source.ty.shape
@@ -106,13 +110,17 @@ def schedule_lane_pool(sch, prologue, pool: PoolBlock, epilogue, lanes: int, cb:
         return False
     if not ok(sch.reverse_compute_at, writer, tile, preserve_unit_loops=True):
         return False
-    c_loop, h_loop, w_loop = sch.get_loops(stage)[-3:]
-    if blocked_source:
+    if copied_blocked:
+        if not ok(sch.vectorize, sch.get_loops(stage)[-1]):    # its loops end in the lanes
+            return False
+    elif blocked_source:
+        c_loop, h_loop, w_loop = sch.get_loops(stage)[-3:]
         co, ci = sch.split(c_loop, [None, lanes])
         sch.reorder(co, h_loop, w_loop, ci)
         if not ok(sch.vectorize, ci):
             return False
     else:
+        c_loop, h_loop, w_loop = sch.get_loops(stage)[-3:]
         # the transposing copy a whole channel row at a time (contiguous reads, the row's elements written
         # ``lanes`` apart): a concat in front of the pool then picks its part once per row, not once per
         # element. Measured on a 2-core Zen 5 (interleaved, one process): DenseNet's second transition (concat
