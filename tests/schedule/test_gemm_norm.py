@@ -254,16 +254,17 @@ def test_residual_output_then_norm_read_as_a_window_of_rows():
     check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)
 
 
-def _proj_add_ln_model(m, k, n, seed=0):
-    """layer_norm(x W + b + r): the FFN's down projection with its residual and norm, W a constant."""
+def _proj_add_ln_model(m, k, n, seed=0, lead=()):
+    """layer_norm(x W + b + r): the FFN's down projection with its residual and norm, W a constant; ``lead``:
+    leading unit axes of x and r (a Transformer's batch of one)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("float32")
     b = rng.standard_normal(n).astype("float32")
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((m, k), "float32"))
-    r = relax.Var("r", relax.TensorType((m, n), "float32"))
+    x = relax.Var("x", relax.TensorType((*lead, m, k), "float32"))
+    r = relax.Var("r", relax.TensorType((*lead, m, n), "float32"))
     with bb.function("main", [x, r]):
         with bb.dataflow():
             h = op.add(op.add(op.matmul(x, relax.const(w)), relax.const(b)), r)
@@ -287,9 +288,11 @@ def _gemm_norm_notes(res):
     return rows, [n for k in rows for n in notes.get(k["name"], [])]
 
 
-def test_bf16_build_runs_the_gemm_on_the_dot_product():
+@pytest.mark.parametrize("lead", [(), (1,)], ids=["2d", "batch_of_one"])
+def test_bf16_build_runs_the_gemm_on_the_dot_product(lead):
     """A force_bf16 build on a host with AVX512-BF16: the GEMM stage of GEMM + residual + LayerNorm on the bf16
-    dot product, its numbers the bf16-rounded operands' (float32 sums); a float32 build keeps float32 FMAs."""
+    dot product, its numbers the bf16-rounded operands' (float32 sums); a float32 build keeps float32 FMAs.
+    With a batch of one, the kernel's normal form indexes the unit axis by 0 (``bf16_gemm.match_row_gemm``)."""
     import numpy as np
 
     import tvm_ascendfuse as af
@@ -300,9 +303,10 @@ def test_bf16_build_runs_the_gemm_on_the_dot_product():
     if not has_bf16_dot(get_target("ascend910b").host_target()):
         pytest.skip("the host has no AVX512-BF16")
     m, k, n = 64, 256, 192
-    mod, w, b = _proj_add_ln_model(m, k, n)
+    mod, w, b = _proj_add_ln_model(m, k, n, lead=lead)
     rng = np.random.default_rng(1)
-    x, r = rng.standard_normal((m, k)).astype("float32"), rng.standard_normal((m, n)).astype("float32")
+    x = rng.standard_normal((*lead, m, k)).astype("float32")
+    r = rng.standard_normal((*lead, m, n)).astype("float32")
     res = af.compile_model(mod, precision_mode="force_bf16")
     rows, notes = _gemm_norm_notes(res)
     assert rows and any("bf16 dot product" in s for s in notes), notes
