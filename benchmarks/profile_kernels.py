@@ -339,14 +339,17 @@ def same_ops_rows(model, inputs, executable, info: dict[str, dict], kernels: lis
 
 
 def profile_model(model, label: str, target: str = "ascend910b", rounds: int = 5, seed: int = 0, log=print,
-                  ort_ops: bool = False, same_ops: bool = False, int_high: int | None = None, switches=None):
+                  ort_ops: bool = False, same_ops: bool = False, int_high: int | None = None, switches=None,
+                  precision_mode: str | None = None):
     """Compile one ONNX model, time it whole (ours vs ORT interleaved) and per kernel. ``same_ops``: True for
     ORT's time of the ops of each generic-rule kernel, "all" for every kernel's. ``switches``: the fusion
-    switches of our build (a switch file's path or anything ``compile_model`` takes)."""
+    switches of our build (a switch file's path or anything ``compile_model`` takes). ``precision_mode``: our
+    build's (CANN's names, ``precision/modes.py``); ORT runs the model as it is."""
     inputs = model_inputs(model, seed, int_high)
     log(f"[{label}] compiling ...")
     t = time.perf_counter()
-    res = af.compile_model(import_onnx(model), target=target, portable=False, switches=switches)
+    res = af.compile_model(import_onnx(model), target=target, portable=False, switches=switches,
+                           precision_mode=precision_mode)
     compile_s = time.perf_counter() - t
     info = static_kernel_info(res)
 
@@ -481,6 +484,8 @@ def main(argv=None) -> int:
                     help="also profile onnxruntime per node and compare per conv shape class")
     ap.add_argument("--fusion-switch", default=None,
                     help="our build's fusion switch file (CANN's --fusion_switch_file forms, switches.py)")
+    ap.add_argument("--precision-mode", default=None,
+                    help="our build's precision mode (CANN's names, e.g. force_fp16); ORT runs the model as it is")
     args = ap.parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     try:
@@ -497,7 +502,8 @@ def main(argv=None) -> int:
     for label, make in jobs:
         prof = profile_model(make(), label, args.target, args.rounds, log=log, ort_ops=args.ort_ops,
                              same_ops="all" if args.ort_same_ops and args.same_ops_all else args.ort_same_ops,
-                             int_high=args.int_high, switches=args.fusion_switch)
+                             int_high=args.int_high, switches=args.fusion_switch,
+                             precision_mode=args.precision_mode)
         text.append(format_profile(prof, args.top or None))
         print(text[-1], flush=True)
     print("CPU wall-clock ms on the host (min over samples), not NPU times; each kernel timed alone and warm.")

@@ -11,6 +11,11 @@ from tvm import relax
 
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
+# Function attribute: the 16-bit float dtype a function's float32 tensors and constants were stored in before
+# the precision phase widened them (``precision/compute_fp32.py``). Graph rewrites compare the constants
+# they match (GELU's 1/sqrt(2)) with the tolerance of that dtype: they carry its rounding, not float32's.
+STORED_FLOAT_ATTR = "ascendfuse.stored_float"
+
 
 def op_name(call) -> str | None:
     """``"relax.add"`` for a call of a Relax op; None for anything else (a call of a function, a var)."""

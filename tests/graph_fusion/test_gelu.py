@@ -80,3 +80,27 @@ def test_erf_used_elsewhere_refused():
 
 def test_gelu_switched_off():
     assert_switched_off(P, import_onnx(onnx_gelu()), 1)
+
+
+def test_fp16_model_widened_to_float32():
+    """A model stored in fp16 (constants rounded: 1/sqrt(2) is 0.70703 there) is computed in float32 by the
+    precision phase; its constants are compared with fp16's tolerance, not float32's, so its GELU is found."""
+    from tvm_ascendfuse.precision import Float32ComputePass, PrecisionPlan
+    from tvm_ascendfuse.report import FusionReport
+
+    mod = build(erf_half_first("float16"), (4, 16), dtype="float16")
+    wide = Float32ComputePass(FusionReport(), PrecisionPlan())(mod)
+    out, rec = run_pass(P, wide)
+    assert (rec.match_times, rec.effect_times) == (1, 1)
+    assert "nn.gelu" in ops(out)
+    assert_same_after(wide, out)
+
+
+def test_float32_model_keeps_float32_tolerance():
+    """The same constant rounded to fp16 in a float32 model is not GELU's (1.1e-4 off, float32's bound 1e-4)."""
+    def body(bb, x):
+        hx = bb.emit(relax.op.multiply(c(0.5), x))
+        e = bb.emit(relax.op.erf(bb.emit(relax.op.multiply(x, c(float(np.float16(0.70710678)))))))
+        return relax.op.multiply(hx, bb.emit(relax.op.add(c(1.0), e)))
+    out, rec = run_pass(P, build(body, (4, 16)))
+    assert rec.match_times == 0

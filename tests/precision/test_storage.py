@@ -232,6 +232,73 @@ def test_store_sixteen_bit_rewrites_loads_and_stores():
     np.testing.assert_array_equal(out.numpy(), (a[:, 0].astype("float32") * 2).astype("float16"))
 
 
+@T.prim_func(private=True, s_tir=True)
+def _stores_through_view(a: T.Buffer((4, 8), "float32"), out: T.Buffer((4, 8), "float32")):
+    for i in range(4):
+        with T.sblock("store"):
+            vi = T.axis.spatial(4, i)
+            T.reads(a[vi, 0:8])
+            T.writes(out[vi, 0:8])
+            view = T.match_buffer(out[vi, 0:8], (8,), offset_factor=1)
+            for j in range(8):
+                view[j] = a[vi, 7 - j] * T.float32(2)
+
+
+@T.prim_func(private=True, s_tir=True)
+def _reads_view_back(a: T.Buffer((4, 8), "float32"), out: T.Buffer((4, 8), "float32")):
+    for i in range(4):
+        with T.sblock("store"):
+            vi = T.axis.spatial(4, i)
+            T.reads(a[vi, 0:8], out[vi, 0:8])
+            T.writes(out[vi, 0:8])
+            view = T.match_buffer(out[vi, 0:8], (8,), offset_factor=1)
+            for j in range(8):
+                view[j] = view[j] + a[vi, j]
+
+
+def test_output_stored_through_a_view_is_sixteen_bit():
+    """An output whose tiles are stored through a matched view (the conv rule's transposed stores) is held in
+    16 bits with its view; a view read back (accumulating) keeps it float32; a reader's view too."""
+    f = _stores_through_view
+    assert storage._convertible(f, f.params[1], output=True)
+    assert not storage._convertible(f, f.params[1], output=False)
+    g = _reads_view_back
+    assert not storage._convertible(g, g.params[1], output=True)
+    new = storage._store_sixteen_bit(f, [f.params[1]], "float16")
+    assert [str(p.ty.dtype) for p in new.params] == ["float32", "float16"]
+    ex = tvm.compile(tvm.IRModule({"main": new.with_attr("global_symbol", "main")}), target="llvm")
+    a = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((4, 8), "float16"))
+    ex["main"](tvm.runtime.tensor(a), out)
+    np.testing.assert_array_equal(out.numpy(), (a[:, ::-1] * 2).astype("float16"))
+
+
+@T.prim_func(private=True, s_tir=True)
+def _let_in_vector_store(a: T.Buffer((4, 16), "float32"), out: T.Buffer((4, 16), "float32")):
+    for i in range(4):
+        for j in T.vectorized(16):
+            with T.sblock("gelu_like"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                x = T.float32()
+                out[vi, vj] = T.Let(x * x + x, where={x: a[vi, vj] * T.float32(0.5)})
+
+
+def test_bfloat16_store_of_a_let_vectorizes():
+    """A vector store whose value holds a ``let`` (GELU's erf argument) stored in bfloat16: TVM's bf16
+    legalization reads the rounded value twice, which with the ``let`` stopped the loop vectorizer."""
+    import ml_dtypes
+
+    f = _let_in_vector_store
+    new = storage._store_sixteen_bit(f, [f.params[1]], "bfloat16")
+    ex = tvm.compile(tvm.IRModule({"main": new.with_attr("global_symbol", "main")}), target="llvm")
+    a = np.random.default_rng(0).standard_normal((4, 16)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((4, 16), ml_dtypes.bfloat16))
+    ex["main"](tvm.runtime.tensor(a), out)
+    x = a * 0.5
+    want = (x * x + x).astype(ml_dtypes.bfloat16).astype("float32")
+    np.testing.assert_allclose(out.numpy().astype("float32"), want, rtol=2 ** -8, atol=1e-6)
+
+
 def _host_has_f16c() -> bool:
     try:
         with open("/proc/cpuinfo") as f:

@@ -252,3 +252,115 @@ def test_residual_output_then_norm_read_as_a_window_of_rows():
 
     shapes = [(1, 9, 9, 32), (32, 48), (48,), (1, 9, 9, 48), (48,), (48,)]
     check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)
+
+
+def _proj_add_ln_model(m, k, n, seed=0, lead=()):
+    """layer_norm(x W + b + r): the FFN's down projection with its residual and norm, W a constant; ``lead``:
+    leading unit axes of x and r (a Transformer's batch of one)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((*lead, m, k), "float32"))
+    r = relax.Var("r", relax.TensorType((*lead, m, n), "float32"))
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            h = op.add(op.add(op.matmul(x, relax.const(w)), relax.const(b)), r)
+            ones, zeros = relax.const(np.ones(n, "float32")), relax.const(np.zeros(n, "float32"))
+            out = bb.emit_output(op.nn.layer_norm(h, ones, zeros, [-1]))
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def _bf16(a):
+    import numpy as np
+
+    bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _gemm_norm_notes(res):
+    rows = [k for k in res.report.kernels if k.get("rule") == "matmul+norm"]
+    notes = res.report.sections.get("schedule_notes", {})
+    return rows, [n for k in rows for n in notes.get(k["name"], [])]
+
+
+@pytest.mark.parametrize("lead", [(), (1,)], ids=["2d", "batch_of_one"])
+def test_bf16_build_runs_the_gemm_on_the_dot_product(lead):
+    """A force_bf16 build on a host with AVX512-BF16: the GEMM stage of GEMM + residual + LayerNorm on the bf16
+    dot product, its numbers the bf16-rounded operands' (float32 sums); a float32 build keeps float32 FMAs.
+    With a batch of one, the kernel's normal form indexes the unit axis by 0 (``bf16_gemm.match_row_gemm``)."""
+    import numpy as np
+
+    import tvm_ascendfuse as af
+    from tests.helpers import run_vm
+    from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
+    from tvm_ascendfuse.target import get_target
+
+    if not has_bf16_dot(get_target("ascend910b").host_target()):
+        pytest.skip("the host has no AVX512-BF16")
+    m, k, n = 64, 256, 192
+    mod, w, b = _proj_add_ln_model(m, k, n, lead=lead)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((*lead, m, k)).astype("float32")
+    r = rng.standard_normal((*lead, m, n)).astype("float32")
+    res = af.compile_model(mod, precision_mode="force_bf16")
+    rows, notes = _gemm_norm_notes(res)
+    assert rows and any("bf16 dot product" in s for s in notes), notes
+    got = run_vm(res.executable, [x, r])
+
+    def ln(h):
+        mu = h.mean(-1, keepdims=True)
+        return (h - mu) / np.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+    want = ln(_bf16(x).astype(np.float64) @ _bf16(w).astype(np.float64) + b + r)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    exact = ln(x.astype(np.float64) @ w + b + r)
+    cos = float(got.ravel() @ exact.ravel() / np.linalg.norm(got) / np.linalg.norm(exact))
+    assert cos >= 0.999
+    rows, notes = _gemm_norm_notes(af.compile_model(mod))
+    assert rows and not any("bf16" in s for s in notes)
+
+
+def test_bf16_build_runs_swiglu_products_on_the_dot_product():
+    """A force_bf16 SwiGLU kernel, silu(x Wg) * (x Wu): both products on the bf16 dot product, the numbers of
+    the bf16-rounded operands with float32 sums; a float32 build keeps float32 FMAs."""
+    import numpy as np
+
+    import tvm_ascendfuse as af
+    from tests.helpers import run_vm
+    from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
+    from tvm_ascendfuse.target import get_target
+
+    if not has_bf16_dot(get_target("ascend910b").host_target()):
+        pytest.skip("the host has no AVX512-BF16")
+    m, k, n = 64, 128, 96
+    rng = np.random.default_rng(0)
+    wg, wu = ((rng.standard_normal((k, n)) / np.sqrt(k)).astype("float32") for _ in range(2))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(op.multiply(op.nn.silu(op.matmul(x, relax.const(wg))), op.matmul(x, relax.const(wu))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+
+    def notes_of(res):
+        rows = [r for r in res.report.kernels if r.get("rule") == "multi-matmul"]
+        notes = res.report.sections.get("schedule_notes", {})
+        return rows, [s for r in rows for s in notes.get(r["name"], [])]
+
+    res = af.compile_model(mod, precision_mode="force_bf16")
+    rows, notes = notes_of(res)
+    assert rows and sum(s.count("bf16 dot product") for s in notes) == 2, notes
+    xv = rng.standard_normal((m, k)).astype("float32")
+    got = run_vm(res.executable, [xv])
+    xb = _bf16(xv).astype(np.float64)
+    g, u = xb @ _bf16(wg).astype(np.float64), xb @ _bf16(wu).astype(np.float64)
+    want = g / (1 + np.exp(-g)) * u
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    rows, notes = notes_of(af.compile_model(mod))
+    assert rows and not any("bf16" in s for s in notes)

@@ -8,7 +8,7 @@ from tvm import relax
 
 import tvm_ascendfuse as af
 from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
-from tvm_ascendfuse.schedule.matmul_bf16 import MAX_TILE_VECTORS, register_tile
+from tvm_ascendfuse.schedule.bf16_gemm import MAX_TILE_VECTORS, register_tile
 from tvm_ascendfuse.target import get_target
 from tests.helpers import run_vm
 

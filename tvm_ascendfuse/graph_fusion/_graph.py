@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..fusion_pass import FusionPass
-from ..ir import op_name, static_dims, static_shape  # noqa: F401 - the passes import them from here
+from ..ir import STORED_FLOAT_ATTR, op_name, static_dims, static_shape  # noqa: F401 - the passes import them from here
 from ..report import CHECK_FAILED
 
 GenericConst = tvm.ir.GenericConst
@@ -75,6 +75,10 @@ class FunctionGraph:
 
     def __init__(self, func: relax.Function):
         self.func = func
+        attrs = func.attrs
+        # the 16-bit dtype a model stored its floats in before the precision phase widened them, or None
+        self.stored_float = str(attrs[STORED_FLOAT_ATTR]) if attrs is not None and STORED_FLOAT_ATTR in attrs \
+            else None
         self.var2val = relax.analysis.get_var2val(func)
         self.order: list[relax.Var] = []                    # candidate roots, in binding order
         self.users: dict[Any, list] = defaultdict(list)   # var -> live binding vars using it (None = returned)
@@ -106,6 +110,11 @@ class FunctionGraph:
         graph = cls(func)
         _LAST_GRAPH[:] = [graph]
         return graph
+
+    def const_dtype(self, dtype: str) -> str:
+        """The dtype whose rounding the constants of a ``dtype`` computation carry (``close``): the model's
+        16-bit dtype for a float32 computation the precision phase widened from it, else ``dtype``."""
+        return self.stored_float if dtype == "float32" and self.stored_float else dtype
 
     # ---- producers ----------------------------------------------------------------------------------
     def value(self, expr):

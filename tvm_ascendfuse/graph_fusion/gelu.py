@@ -1,7 +1,8 @@
 """GeluFusionPass: recognise decomposed GELU as ``R.nn.gelu`` (erf form) or ``R.nn.gelu_tanh``.
 
 Matches, with the factors multiplied in any order/association and constants compared with a relative
-tolerance that covers their rounding in the dtype (1e-4 for fp32, 1e-3 fp16, 4e-3 bf16)::
+tolerance that covers their rounding in the dtype (1e-4 for fp32, 1e-3 fp16, 4e-3 bf16; a 16-bit model computed
+in float32 by the precision phase is compared in its 16-bit dtype, ``FunctionGraph.const_dtype``)::
 
     0.5 * x * (1 + erf(x / sqrt(2)))               (or x * 0.70710678 inside erf)   -> gelu(x)
     0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))                         -> gelu_tanh(x)
@@ -71,7 +72,7 @@ class GeluFusionPass(GraphRewritePass):
     def match(self, var, graph):
         if op_name(graph.value(var)) not in ("relax.multiply", "relax.divide"):
             return None
-        dt = str(var.ty.dtype)
+        dt = graph.const_dtype(str(var.ty.dtype))
         prod = flatten_product(graph, var, root=True)
         if prod.consts or len(prod.atoms) != 2 or not close(prod.coef, 0.5, dt) or any(
                 isinstance(k, tuple) or e != 1 for k, e in prod.atoms.items()):

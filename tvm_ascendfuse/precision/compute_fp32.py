@@ -16,7 +16,11 @@ then loads 16-bit values, converts them in vector registers and stores its resul
 Constants (weights) are converted here once: a 16-bit weight is exactly representable in float32, so the
 float32 graph computes the same products. Casts to a 16-bit type inside the model become casts to float32
 (the value is not rounded there; ``SixteenBitStoragePass`` rounds at kernel boundaries). The function's
-signature stays as it was: 16-bit inputs are converted on entry, 16-bit outputs converted back on exit.
+signature stays as it was: 16-bit inputs are converted on entry, 16-bit outputs converted back on exit. The
+function is marked with the 16-bit dtype (``ir.STORED_FLOAT_ATTR``): its constants keep that dtype's rounding
+(an fp16 export's 1/sqrt(2) is 0.70703), and the graph rewrites that recognise ops by their constants (GELU)
+compare them with that dtype's tolerance (an fp16 BERT's GELU otherwise stayed erf and five elementwise ops,
+and its kernels differed from the float32 model's).
 
 Refused (function left as it is, reason in the report): a binding that is not a plain ``var = expr``
 (match_cast), a call with explicit result types (call_tir, packed calls), calls of other Relax functions.
@@ -28,6 +32,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..ir import STORED_FLOAT_ATTR
 from ..passbase import PyPass
 from ..report import FusionReport
 from .modes import SIXTEEN_BIT
@@ -58,7 +63,11 @@ class Float32ComputePass(PyPass):
             if reason is not None:
                 self.report.record(PASS_NAME, False, reason, where=gv.name_hint)
                 continue
-            updates[gv] = _Widen().function(func, gv.name_hint)
+            new = _Widen().function(func, gv.name_hint)
+            if len(found) == 1:
+                # the constants keep their 16-bit rounding: graph rewrites compare them with its tolerance
+                new = new.with_attr(STORED_FLOAT_ATTR, next(iter(found)))
+            updates[gv] = new
             self.plan.model_dtypes |= found
             self.report.record(PASS_NAME, True, where=gv.name_hint, dtypes=sorted(found))
         if not updates:

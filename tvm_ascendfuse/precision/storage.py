@@ -14,7 +14,8 @@ A tensor stays float32 when:
 * it is the model's output, a tuple, or read by anything but a kernel call (the VM's view ops);
 * its producer reads its output buffer back (accumulates in place): it would accumulate in 16 bits;
 * a kernel uses the buffer other than by plain loads and stores (an address passed to a packed call, a
-  region matched as a buffer of its own);
+  reader's region matched as a buffer of its own; a producer's region matched and only stored to, as the
+  conv rule's transposed tile stores, is held in 16 bits with it);
 * the mode keeps the producer's ops in float32 (mixed modes: softmax, norms, reductions, exp/log);
 * precision repair measured the producer's 16-bit output drifting (``plan.keep_kernels``, ``repair.py``).
 
@@ -307,13 +308,30 @@ def _convertible(func, buf, output: bool) -> bool:
                 bad.append("address taken")
 
     def on_match(match):
-        # a region of the buffer viewed as another buffer (of its own dtype): left in float32
-        tvm_ffi.structural_walk(match.source, (tvm.ir.Var, lambda v: bad.append("matched") if v.same_as(buf)
-                                               else None))
+        # a region of the buffer viewed as another buffer: an output's region only stored to (a conv's
+        # transposed tile stores) is held in the same dtype (``matched_views``); anything else stays float32
+        if any(v.same_as(buf) for v in _vars_of(match.source)) and not output:
+            bad.append("matched")
 
     tvm_ffi.structural_walk(func.body, [(tvm.ir.TensorLoad, on_load), (tvm.ir.expr.Call, on_call),
                                         (s_tir.MatchBufferRegion, on_match)])
+    if output and not bad:
+        for view in matched_views(func, buf):
+            if not _convertible(func, view, output=True):
+                return False
     return not bad
+
+
+def matched_views(func: tirx.PrimFunc, buf) -> list:
+    """The buffers that view a region of ``buf`` (``match_buffer`` in a block)."""
+    views = []
+
+    def on_match(match):
+        if any(v.same_as(buf) for v in _vars_of(match.source)):
+            views.append(match.buffer)
+
+    tvm_ffi.structural_walk(func.body, (s_tir.MatchBufferRegion, on_match))
+    return views
 
 
 def _vars_of(expr) -> list:
@@ -377,16 +395,41 @@ def _with_base(dtype: str, base: str) -> str:
     return f"{base}x{lanes}" if lanes else base
 
 
+def _has_let(expr) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Let, lambda e: found.append(e)))
+    return bool(found)
+
+
+def _narrowed(value, dtype: str):
+    """``cast(dtype, value)``; for bfloat16, a value holding a ``let`` (GELU's erf argument) has its lets
+    inlined first: TVM's bfloat16 legalization rounds the stored value by integer arithmetic that reads it
+    twice, and the two copies of one ``let`` stop the loop vectorizer ("Let cannot bind the same var to two
+    different values"). LLVM merges the repeated expressions again."""
+    if dtype.startswith("bfloat16"):
+        for _ in range(8):
+            if not _has_let(value):
+                break
+            value = tvm_ffi.structural_map(value, (tirx.Let, _inline_let))
+    return tirx.Cast(dtype, value)
+
+
+def _inline_let(let):
+    return tvm_ffi.structural_map(let.body, (tvm.ir.Var, lambda v: let.value if v.same_as(let.var) else v))
+
+
 def _store_sixteen_bit(func: tirx.PrimFunc, buffers, dtype: str, rounded=()) -> tirx.PrimFunc:
     """``func`` with ``buffers`` (float32 parameters) held in ``dtype``: loads converted up, stores down;
     ``rounded`` (float32 outputs) stay float32 and receive values rounded to ``dtype``."""
-    new = {b: _retyped(b, dtype) for b in buffers}
+    # an output's regions viewed as buffers of their own (only stored to, ``_convertible``) take its dtype
+    views = [v for b in buffers for v in matched_views(func, b)]
+    new = {b: _retyped(b, dtype) for b in [*buffers, *views]}
 
     def round_store(store):
         if not any(store.buffer.same_as(b) for b in rounded):
             return store
         wide = _expr_dtype(store.value)
-        narrow = tirx.Cast(_with_base(wide, dtype), store.value)
+        narrow = _narrowed(store.value, _with_base(wide, dtype))
         return tirx.BufferStore(store.buffer, tirx.Cast(wide, narrow), list(store.indices))
 
     if rounded:
@@ -411,7 +454,7 @@ def _store_sixteen_bit(func: tirx.PrimFunc, buffers, dtype: str, rounded=()) -> 
         if nb is None:
             return store
         value = store.value
-        return tirx.BufferStore(nb, tirx.Cast(_with_base(_expr_dtype(value), dtype), value), list(store.indices))
+        return tirx.BufferStore(nb, _narrowed(value, _with_base(_expr_dtype(value), dtype)), list(store.indices))
 
     body = tvm_ffi.structural_map(func, [(tvm.ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
 

@@ -12,7 +12,8 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .analysis import is_contraction
-from .base import ScheduleRule
+from .base import Scheduled, ScheduleRule
+from .bf16_gemm import bf16_gemm_root
 from .common import new_schedule, block_infos, is_output_block, num_cores, ok, parallel_vector, root_blocks, vector_lanes
 from .contraction import is_widening_block, schedule_gemm_root
 from .injective import tile_injective
@@ -25,11 +26,16 @@ class MultiGemmRule(ScheduleRule):
     min_products = 2
     tunable = True      # one register block for the products: ``tiles`` chooser (base.ScheduleRule)
 
-    def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        return self.schedule(new_schedule(func), target, host)
+    def apply_with_note(self, func: tirx.PrimFunc, target: AscendTarget, host) -> "Scheduled | None":
+        notes = []
+        sch = self.schedule(new_schedule(func), target, host, notes)
+        return None if sch is None else Scheduled(sch, "; ".join(notes) or None)
 
-    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> "s_tir.Schedule | None":
-        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
+    def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host, notes=None) -> "s_tir.Schedule | None":
+        """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines.
+        ``notes``: a list the report's notes are appended to (how each product computes, when not the
+        float32 register block)."""
+        notes = [] if notes is None else notes
         infos = block_infos(sch)
         if not infos:
             return None
@@ -51,6 +57,11 @@ class MultiGemmRule(ScheduleRule):
                 ok(sch.compute_inline, b.block_rv)
         choose = _SharedTiles(self.choose)
         for b in products:
+            # a bfloat16 kernel's products on the host's bf16 dot product where it has one (bf16_gemm.py)
+            note = bf16_gemm_root(sch, b.block_rv, host)
+            if note is not None:
+                notes.append(note)
+                continue
             if not schedule_gemm_root(sch, b.block_rv, lanes, num_cores(host), choose=choose):
                 return None
         for blk in root_blocks(sch):

@@ -18,6 +18,7 @@ from tvm import s_tir, tirx
 
 from ..target import AscendTarget
 from .analysis import conv_block_head, is_contraction, leading_spatial, uses_var
+from .bf16_gemm import bf16_gemm_root
 from .base import UB_SCOPE, ScheduleRule, Scheduled
 from .common import (new_schedule, block_infos, blocks_under, buffer_bytes, extent, on_chip_bytes, get_realize, innermost_vector, is_output_block,
                      largest_divisor, loops_through, num_cores, ok, parallel_vector, root_blocks,
@@ -198,6 +199,9 @@ class GemmNormRule(ScheduleRule):
         if under is not None:
             schedule_gemm_root(sch, gemm.block_rv, lanes, 1, choose=self.choose, under=under)
             return Scheduled(sch, rows_note)
+        dot = bf16_gemm_root(sch, gemm.block_rv, host)
+        if dot is not None:
+            return Scheduled(sch, "; ".join(n for n in (dot, rows_note) if n))
         if not schedule_gemm_root(sch, gemm.block_rv, lanes, num_cores(host), choose=self.choose):
             # (declined before its tile decision) no register block to tune: a space of one point
             self.choose(sch, "untiled", lambda: ["untiled"])
