@@ -123,6 +123,12 @@ def test_compare_tolerances():
     ref = np.linspace(-10, 10, 100).astype("float32")
     assert compare("y", ref + 1e-4, ref).ok                     # within atol scaled by max |ref| = 10
     assert not compare("y", ref + 0.1, ref).ok
+    # float32: 1e-3 of the output's scale anywhere, even on its small elements; beyond it, never
+    drift = np.where(np.abs(ref) < 1, 0.009, 0.0).astype("float32")
+    assert compare("y", ref + drift, ref).ok
+    assert not compare("y", ref + 2 * drift, ref).ok
+    tiny = ref * 1e-5                                           # a small output: the bound scales with it
+    assert not compare("y", tiny + 1e-6, tiny).ok and compare("y", tiny + 5e-8, tiny).ok
     assert not compare("y", ref[:50], ref).ok                   # shape
     nan = ref.copy()
     nan[3] = np.nan

@@ -29,8 +29,11 @@ from .progress import bar
 
 # (rtol, atol) per dtype; atol is a fraction of the reference output's largest magnitude, so the check means
 # the same for a logit in the tens as for an output of 1e-4 (with an absolute floor, a small output would
-# hide a wrong kernel: any error below the floor passes).
-TOLERANCE = {"float64": (1e-7, 1e-7), "float32": (1e-3, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)}
+# hide a wrong kernel: any error below the floor passes). float32: every element within 1e-3 of the output's
+# scale, nothing relative to the element itself. A per-element bound tighter than that is below what two
+# correct runtimes agree to on a deep model with random weights: ONNX Runtime's own optimised and unoptimised
+# runs of timm's Inception-v4 differ by 6e-4 of the output's scale (float sums reassociated ~150 layers deep).
+TOLERANCE = {"float64": (1e-7, 1e-7), "float32": (0.0, 1e-3), "float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)}
 # A build that stores its tensors in 16 bits (precision modes, or a model stored in fp16) against a reference:
 # (largest |ours - ref| as a fraction of max |ref|, smallest cosine similarity). Rounding every kernel's
 # output to 16 bits through a deep model adds up: FP16 ResNet-50 and BERT-base differ from ONNX Runtime's
