@@ -16,6 +16,7 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm import tirx
+from tvm.s_tir import ScheduleError
 
 from .common import blocks_under, extent
 
@@ -80,6 +81,9 @@ def partition_channels(sch, loop, bounds: list[int], unit: int = 1) -> list | No
     sizes = [b - a for a, b in zip([0] + edges, edges)]
     # loop_partition takes the sizes of all parts but the last (inferred: a given total equal to the
     # extent is refused)
-    loops = sch.loop_partition(loop, [*sizes, None])
+    try:
+        loops = sch.loop_partition(loop, [*sizes, None])
+    except ScheduleError:      # refused before any change (an annotated loop, ...): keep the one block
+        return None
     return [blocks_under(sch, lp)[0] for lp in loops]
 

@@ -438,8 +438,9 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         if parts is not None and all(b % icb == 0 for b in parts):
             # a concat: parallel over rows, each row's channel chunks one loop per part (no select)
             sch.reorder(pn, ph, pco, pw, pci)
-            try_(sch.parallel, sch.fuse(pn, ph))
             staged = partition_channels(sch, pco, parts, icb)
+            if staged is not None:
+                try_(sch.parallel, sch.fuse(pn, ph))
         if staged is None:
             sch.reorder(pn, pco, ph, pw, pci)
             try_(sch.parallel, sch.fuse(pn, pco, ph))
