@@ -99,3 +99,28 @@ def _lowered_staging(mod, host) -> str:
              s_tir.transform.LowerMatchBuffer(), s_tir.transform.LowerOpaqueBlock(), tirx.transform.StmtSimplify()]
     with tvm.target.Target(host):
         return tvm.ir.transform.Sequential(steps)(mod).script()
+
+
+@pytest.mark.parametrize("form,bound", [("b<=c", 6), ("b>c", 6), ("c<b", 6), ("c>=b", 6),
+                                        ("b<c", 7), ("b>=c", 7), ("c>b", 7), ("c<=b", 7)])
+def test_every_comparison_form_gives_the_first_channel_of_a_part(form, bound):
+    """A choice written ``b > c`` (or any other order) ends a part at the same channel as ``c < b``: the
+    boundary is where the condition changes value (b = 6 here)."""
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.tirx.script.builder import ir as T
+
+    i64 = T.int64
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("main")
+            a = T.arg("A", T.buffer((i64(1), i64(12), i64(2), i64(2)), "float32"))
+            out = T.arg("B", T.buffer((i64(1), i64(12), i64(2), i64(2)), "float32"))
+            with T.grid(i64(1), i64(12), i64(2), i64(2)) as (n, c, y, x):
+                with T.sblock("stage"):
+                    vn, vc, vy, vx = T.axis.remap("SSSS", [n, c, y, x])
+                    b = i64(6)
+                    cond = {"b<=c": b <= vc, "b>c": b > vc, "c<b": vc < b, "c>=b": vc >= b,
+                            "b<c": b < vc, "b>=c": b >= vc, "c>b": vc > b, "c<=b": vc <= b}[form]
+                    T.buffer_store(out, T.if_then_else(cond, a[vn, vc, vy, vx], T.float32(0)), [vn, vc, vy, vx])
+    sch = new_schedule(ib.get())
+    assert channel_parts(sch, sch.get_sblock("stage")) == [bound]

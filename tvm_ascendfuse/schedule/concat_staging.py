@@ -26,8 +26,8 @@ def channel_parts(sch, block, channel_iter: int = 1) -> list[int] | None:
     from one concat part to the next, or None when its value does not choose by its channel iterator
     (the ``channel_iter``-th block iterator) alone.
 
-    Conditions recognised: ``b <= c``, ``c < b``, ``c >= b``, ``b > c`` with ``b`` a constant and ``c`` the
-    channel iterator; a choice by any other expression (a padding test on rows or columns stays as it is:
+    Conditions recognised: comparisons (``<``, ``<=``, ``>``, ``>=``) of the channel iterator with a
+    constant; a choice by any other expression (a padding test on rows or columns stays as it is:
     it is not a concat's) is left out, a choice by the channel in another form makes the answer None."""
     stmt = sch.get(block)
     if len(stmt.iter_vars) <= channel_iter:
@@ -45,14 +45,15 @@ def channel_parts(sch, block, channel_iter: int = 1) -> list[int] | None:
         return any(found)
 
     def boundary(cond) -> int | None:
-        ops = {tirx.LE: (0, 1), tirx.GT: (0, 1), tirx.LT: (1, 0), tirx.GE: (1, 0)}
-        for kind, (const_at, var_at) in ops.items():
-            if isinstance(cond, kind):
-                operands = (cond.a, cond.b)
-                c, v = operands[const_at], operands[var_at]
-                if isinstance(c, tirx.IntImm) and isinstance(v, tirx.Var) and v.same_as(chan):
-                    # b <= c, b > c: the part from b (b + 1 for ``>``); c < b, c >= b: likewise
-                    return int(c) + (1 if kind is tirx.GT else 0)
+        """The first channel of the part the condition starts or ends at: ``b <= c``, ``b > c``, ``c < b``,
+        ``c >= b`` switch at b; ``b < c``, ``b >= c``, ``c > b``, ``c <= b`` at b + 1."""
+        for kind in (tirx.LE, tirx.GT, tirx.LT, tirx.GE):
+            if not isinstance(cond, kind):
+                continue
+            for const, var, const_first in ((cond.a, cond.b, True), (cond.b, cond.a, False)):
+                if isinstance(const, tirx.IntImm) and isinstance(var, tirx.Var) and var.same_as(chan):
+                    at_b = (kind in (tirx.LE, tirx.GT)) == const_first
+                    return int(const) + (0 if at_b else 1)
         return None
 
     def on_call(call):
