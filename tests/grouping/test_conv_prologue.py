@@ -63,6 +63,19 @@ def test_preactivation_bn_relu_fused_into_conv():
     assert (before, after) == (5, 1)
 
 
+def test_dense_layer_over_many_parts_is_one_kernel():
+    """DenseNet-121's late dense layers: BN + ReLU of a concat of 24 parts (28 kernel inputs with the BN's
+    scale and shift and the conv's weight and bias) in front of a 1x1 conv is still one kernel."""
+    n = 24
+
+    def body(bb, *parts):
+        x = op.concat(list(parts), axis=1)
+        y = op.nn.relu(op.add(op.multiply(x, const(1, 2 * n, 1, 1)), const(1, 2 * n, 1, 1)))
+        return bb.emit(op.add(op.nn.conv2d(y, const(8, 2 * n, 1, 1)), const(1, 8, 1, 1)))
+    fused, report, before, after = check_equivalent(build([(1, 2, 5, 5)] * n, body))
+    assert after == 1, whys(report)
+
+
 def test_channel_scale_fused_into_conv():
     """SE's x * gate (an (N, C, 1, 1) tensor computed elsewhere) in front of the projection conv."""
     def body(bb, x, gate):
