@@ -100,3 +100,11 @@ def assert_scheduled_within_capacity(result, target="ascend910b", scopes=("local
             usage = kernel_usage(gv.name_hint, func, npu)
             for scope in scopes:
                 assert usage.bytes(scope) <= npu.capacity(scope), (gv.name_hint, scope, usage.bytes(scope))
+
+
+def round_to_bf16(a) -> np.ndarray:
+    """float32 ``a`` rounded to bfloat16 (nearest, ties to even), returned as float32: the operands a bf16 dot
+    product multiplies, for a reference computed in float32."""
+    bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)

@@ -274,13 +274,6 @@ def _proj_add_ln_model(m, k, n, seed=0, lead=()):
     return bb.get(), w, b
 
 
-def _bf16(a):
-    import numpy as np
-
-    bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-    return bits.astype(np.uint32).view(np.float32)
-
 
 def _gemm_norm_notes(res):
     rows = [k for k in res.report.kernels if k.get("rule") == "matmul+norm"]
@@ -296,7 +289,7 @@ def test_bf16_build_runs_the_gemm_on_the_dot_product(lead):
     import numpy as np
 
     import tvm_ascendfuse as af
-    from tests.helpers import run_vm
+    from tests.helpers import round_to_bf16, run_vm
     from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
     from tvm_ascendfuse.target import get_target
 
@@ -316,7 +309,7 @@ def test_bf16_build_runs_the_gemm_on_the_dot_product(lead):
         mu = h.mean(-1, keepdims=True)
         return (h - mu) / np.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
 
-    want = ln(_bf16(x).astype(np.float64) @ _bf16(w).astype(np.float64) + b + r)
+    want = ln(round_to_bf16(x).astype(np.float64) @ round_to_bf16(w).astype(np.float64) + b + r)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     exact = ln(x.astype(np.float64) @ w + b + r)
     cos = float(got.ravel() @ exact.ravel() / np.linalg.norm(got) / np.linalg.norm(exact))
@@ -331,7 +324,7 @@ def test_bf16_build_runs_swiglu_products_on_the_dot_product():
     import numpy as np
 
     import tvm_ascendfuse as af
-    from tests.helpers import run_vm
+    from tests.helpers import round_to_bf16, run_vm
     from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
     from tvm_ascendfuse.target import get_target
 
@@ -358,8 +351,8 @@ def test_bf16_build_runs_swiglu_products_on_the_dot_product():
     assert rows and sum(s.count("bf16 dot product") for s in notes) == 2, notes
     xv = rng.standard_normal((m, k)).astype("float32")
     got = run_vm(res.executable, [xv])
-    xb = _bf16(xv).astype(np.float64)
-    g, u = xb @ _bf16(wg).astype(np.float64), xb @ _bf16(wu).astype(np.float64)
+    xb = round_to_bf16(xv).astype(np.float64)
+    g, u = xb @ round_to_bf16(wg).astype(np.float64), xb @ round_to_bf16(wu).astype(np.float64)
     want = g / (1 + np.exp(-g)) * u
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     rows, notes = notes_of(af.compile_model(mod))

@@ -10,7 +10,7 @@ import tvm_ascendfuse as af
 from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
 from tvm_ascendfuse.schedule.bf16_gemm import MAX_TILE_VECTORS, register_tile
 from tvm_ascendfuse.target import get_target
-from tests.helpers import run_vm
+from tests.helpers import round_to_bf16, run_vm
 
 HOST_BF16 = has_bf16_dot(get_target("ascend910b").host_target())
 
@@ -31,12 +31,6 @@ def _gemm(m, k, n, transposed=False, seed=0):
     return bb.get(), w, b
 
 
-def _bf16(a):
-    """float32 ``a`` rounded to bfloat16 (nearest, ties to even), as float32."""
-    bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-    return bits.astype(np.uint32).view(np.float32)
-
 
 def _rules(res):
     return {k.get("rule") for k in res.report.kernels if "matmul" in (k.get("ops") or [])}
@@ -53,7 +47,7 @@ def test_bf16_build_uses_the_dot_product(m, k, n, transposed):
     x = np.random.default_rng(1).standard_normal((m, k)).astype("float32")
     got = run_vm(res.executable, [x])
     # the build's numbers: A and W rounded to bf16, products summed in float32
-    want = np.maximum(_bf16(x).astype(np.float64) @ _bf16(w).astype(np.float64) + b, 0)
+    want = np.maximum(round_to_bf16(x).astype(np.float64) @ round_to_bf16(w).astype(np.float64) + b, 0)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     # and within bf16's rounding of the float32 model
     exact = np.maximum(x @ w + b, 0)
