@@ -304,11 +304,18 @@ def profile_executable(executable, x, info: dict[str, dict], rounds: int = 5, lo
     """Every kernel call of one inference timed on its own (warm, min over ``rounds`` samples), summed per
     kernel, slowest first. ``info``: ``static_kernel_info`` (kernels not in it are not timed)."""
     calls = record_calls(executable, x, set(info))
-    table: dict[str, KernelRow] = {}
+    timed = []
     for i, (symbol, func, args) in enumerate(calls):
         if log and i % 50 == 0:
             log(f"  kernel call {i + 1}/{len(calls)}")
-        sec = time_call(func, args, rounds)
+        timed.append((symbol, time_call(func, args, rounds)))
+    return kernel_table(timed, info)
+
+
+def kernel_table(timed: list[tuple[str, float]], info: dict[str, dict]) -> list[KernelRow]:
+    """[(symbol, seconds)] per call -> one row per kernel (calls, ms and FLOPs summed), slowest first."""
+    table: dict[str, KernelRow] = {}
+    for symbol, sec in timed:
         if symbol not in table:
             k = info[symbol]
             key = k.get("conv_key")
@@ -319,6 +326,42 @@ def profile_executable(executable, x, info: dict[str, dict], rounds: int = 5, lo
         k.ms += sec * 1e3
         k.flops += info[symbol]["flops"]
     return sorted(table.values(), key=lambda r: -r.ms)
+
+
+def in_model_call_times(executable, x, kernels: set[str], rounds: int = 5) -> list[tuple[str, float]]:
+    """[(symbol, seconds)] for every call of a kernel in ``kernels``, in call order, each timed where the model
+    runs it: inside whole-model runs (an instrument stamps the clock before and after the call), min over
+    ``rounds`` runs after two warm ones. Unlike ``profile_executable`` (each call alone, repeated, so its
+    inputs and weights sit in the caches of the core that runs it), a call here finds its weights wherever
+    the rest of the model left them (DRAM when the model's weights exceed the last-level cache) and its input
+    in the cache of the core that wrote it: the time the call costs inside the model."""
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    args = [tvm.runtime.tensor(a) for a in _as_list(x)]
+    run: list[tuple[str, float]] = []
+    start = [0]
+
+    def instrument(func, symbol, before_run, ret_value, *a):
+        if symbol in kernels:
+            if before_run:
+                start[0] = time.perf_counter_ns()
+            else:
+                run.append((symbol, (time.perf_counter_ns() - start[0]) * 1e-9))
+        return 0                                       # VMInstrumentReturnKind.NO_OP
+
+    vm.set_instrument(instrument)
+    best: list[tuple[str, float]] | None = None
+    for i in range(rounds + 2):
+        run.clear()
+        vm["main"](*args)
+        if i < 2:
+            continue
+        best = list(run) if best is None else [(s, min(t, u)) for (s, t), (_, u) in zip(best, run)]
+    return best or []
+
+
+def profile_in_model(executable, x, info: dict[str, dict], rounds: int = 5) -> list[KernelRow]:
+    """``profile_executable``'s table with each call timed inside the model (``in_model_call_times``)."""
+    return kernel_table(in_model_call_times(executable, x, set(info), rounds), info)
 
 
 def same_ops_rows(model, inputs, executable, info: dict[str, dict], kernels: list[str], max_calls: int = 4,
@@ -340,8 +383,9 @@ def same_ops_rows(model, inputs, executable, info: dict[str, dict], kernels: lis
 
 def profile_model(model, label: str, target: str = "ascend910b", rounds: int = 5, seed: int = 0, log=print,
                   ort_ops: bool = False, same_ops: bool = False, int_high: int | None = None, switches=None,
-                  precision_mode: str | None = None):
-    """Compile one ONNX model, time it whole (ours vs ORT interleaved) and per kernel. ``same_ops``: True for
+                  precision_mode: str | None = None, in_model: bool = False):
+    """Compile one ONNX model, time it whole (ours vs ORT interleaved) and per kernel (each call alone, or
+    with ``in_model`` inside whole-model runs: ``profile_in_model``). ``same_ops``: True for
     ORT's time of the ops of each generic-rule kernel, "all" for every kernel's. ``switches``: the fusion
     switches of our build (a switch file's path or anything ``compile_model`` takes). ``precision_mode``: our
     build's (CANN's names, ``precision/modes.py``); ORT runs the model as it is."""
@@ -363,9 +407,10 @@ def profile_model(model, label: str, target: str = "ascend910b", rounds: int = 5
         per_call[k] = time.perf_counter() - t
     whole = interleaved(runners, per_call, max(5, 2 * rounds))
 
-    log(f"[{label}] timing each kernel call ...")
-    kernels = profile_executable(res.executable, inputs, info, rounds)
-    out = {"workload": label, "compile_s": compile_s, "kernels": kernels, "info": info,
+    log(f"[{label}] timing each kernel call{' inside the model' if in_model else ''} ...")
+    kernels = (profile_in_model(res.executable, inputs, info, max(rounds, 10)) if in_model
+               else profile_executable(res.executable, inputs, info, rounds))
+    out = {"workload": label, "in_model": in_model, "compile_s": compile_s, "kernels": kernels, "info": info,
            "ours_ms": whole["ours"]["min"] * 1e3, "ort_ms": whole["ort"]["min"] * 1e3,
            "launches": sum(k.calls for k in kernels)}
     if ort_ops:
@@ -404,7 +449,9 @@ def format_profile(p: dict, top: int | None = None) -> str:
         lines.append(f"{i:>3} {k.ms:8.3f} {100 * k.ms / total:5.1f}% {k.gflops:8.1f} {k.calls:>5}  {k.rule:<12} "
                      f"{k.kind[:34]:<34} {k.name}  [{k.shapes}]")
     if p.get("vs_ort"):
-        lines += ["", "per conv class, ours (each call alone, warm) vs onnxruntime's node profile (min over runs):",
+        how = "each call inside the model" if p.get("in_model") else "each call alone, warm"
+        lines += ["", f"per conv class, ours ({how}) vs onnxruntime's node profile (min over runs, inside "
+                      "the model):",
                   f"{'ours ms':>8} {'ORT ms':>8} {'ratio':>6}  class"]
         for what, ours, theirs in p["vs_ort"]:
             ratio = f"{ours / theirs:6.2f}" if ours and theirs else "     -"
@@ -482,6 +529,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the table to this file")
     ap.add_argument("--ort-ops", action="store_true",
                     help="also profile onnxruntime per node and compare per conv shape class")
+    ap.add_argument("--in-model", action="store_true",
+                    help="time each kernel call inside whole-model runs (weights and inputs where the model "
+                         "leaves them) instead of alone and warm; compares like for like with --ort-ops")
     ap.add_argument("--fusion-switch", default=None,
                     help="our build's fusion switch file (CANN's --fusion_switch_file forms, switches.py)")
     ap.add_argument("--precision-mode", default=None,
@@ -503,10 +553,11 @@ def main(argv=None) -> int:
         prof = profile_model(make(), label, args.target, args.rounds, log=log, ort_ops=args.ort_ops,
                              same_ops="all" if args.ort_same_ops and args.same_ops_all else args.ort_same_ops,
                              int_high=args.int_high, switches=args.fusion_switch,
-                             precision_mode=args.precision_mode)
+                             precision_mode=args.precision_mode, in_model=args.in_model)
         text.append(format_profile(prof, args.top or None))
         print(text[-1], flush=True)
-    print("CPU wall-clock ms on the host (min over samples), not NPU times; each kernel timed alone and warm.")
+    print("CPU wall-clock ms on the host (min over samples), not NPU times; each kernel timed "
+          + ("inside whole-model runs." if args.in_model else "alone and warm."))
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n\n".join(text) + "\n")

@@ -66,6 +66,21 @@ def test_static_info_rules_and_constant_inputs(compiled):
     assert dw["n_inputs"] == [3] and dw["const"] == [[False, True, True]]
 
 
+def test_in_model_times_follow_the_call_order_and_cover_every_kernel(compiled):
+    model, res, info = compiled
+    x = pk.model_inputs(model)
+    alone = pk.record_calls(res.executable, x, set(info))
+    timed = pk.in_model_call_times(res.executable, x, set(info), rounds=3)
+    assert [s for s, _ in timed] == [s for s, _, _ in alone]     # one entry per call, in the VM's order
+    assert all(0 < sec < 1 for _, sec in timed)
+    rows = pk.kernel_table(timed, info)
+    assert sorted(r.name for r in rows) == sorted({s for s, _ in timed})
+    assert sum(r.calls for r in rows) == len(timed)
+    assert abs(sum(r.ms for r in rows) - 1e3 * sum(sec for _, sec in timed)) < 1e-9
+    assert [r.ms for r in rows] == sorted((r.ms for r in rows), reverse=True)
+    assert {r.name for r in pk.profile_in_model(res.executable, x, info, rounds=2)} == {r.name for r in rows}
+
+
 def test_model_inputs_respect_recorded_vocabulary():
     x = helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "seq"])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [1, "seq"])
