@@ -31,24 +31,28 @@ def _note(mod) -> str:
 
 
 CASES = {
-    # name: (x, w, pad along H, residual): the plane's 289 pixels = 24 blocks of 12 + 1
-    "1x1_17": ((1, 48, 17, 17), (64, 48, 1, 1), 0, False),
-    "7x1_17": ((1, 32, 17, 17), (64, 32, 7, 1), 3, False),
-    "3x1_17_residual": ((1, 32, 17, 17), (64, 32, 3, 1), 1, True),
+    # name: (x, w, pad along H, pad along W, residual): every plane leaves pixels after its blocks (289 = 24 x 12 + 1)
+    "1x1_17": ((1, 48, 17, 17), (64, 48, 1, 1), 0, 0, False),
+    "7x1_17": ((1, 32, 17, 17), (64, 32, 7, 1), 3, 0, False),
+    "3x1_17_residual": ((1, 32, 17, 17), (64, 32, 3, 1), 1, 0, True),
+    # a kernel along W: the padded input staged column-major, the plane too
+    "1x7_17": ((1, 32, 17, 17), (64, 32, 1, 7), 0, 3, False),
+    "1x3_17x13_residual": ((1, 32, 17, 13), (64, 32, 1, 3), 0, 1, True),
     # 160 channels = 10 vectors: 5 x 16 channels x 4 pixels, two channel blocks for the two cores
-    "7x1_160": ((1, 16, 17, 17), (160, 16, 7, 1), 3, False),
+    "7x1_160": ((1, 16, 17, 17), (160, 16, 7, 1), 3, 0, False),
     # a 13-wide plane (169 = 14 x 12 + 1), batch of 2
-    "1x1_13_batch2": ((2, 32, 13, 13), (64, 32, 1, 1), 0, False),
+    "1x1_13_batch2": ((2, 32, 13, 13), (64, 32, 1, 1), 0, 0, False),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_flat_plane_is_exact(name):
-    xs, ws, pad, residual = CASES[name]
+    xs, ws, pad_h, pad_w, residual = CASES[name]
     shapes = [xs, ws, (1, ws[0], 1, 1)] + ([(xs[0], ws[0], xs[2], xs[3])] if residual else [])
-    mod = check_rule(Conv2dRule(), fused_kernel(_conv(pad, 0, residual), shapes), host=NATIVE)
+    mod = check_rule(Conv2dRule(), fused_kernel(_conv(pad_h, pad_w, residual), shapes), host=NATIVE)
     if host_vector(NATIVE).bits == 512:            # the plans below are AVX-512's (the numbers hold anywhere)
-        assert "flat plane" in _note(mod) and _note(mod).endswith("+ 1")
+        note = _note(mod)
+        assert "flat plane" in note and "pixels + " in note and ("column-major" in note) == (pad_w > 0)
 
 
 def test_flat_plane_with_concat_input_and_slice_epilogue():
@@ -90,16 +94,20 @@ def _plan(xs, ws, pad_h=0, pad_w=0, hv=AVX512, stride=1):
 
 def test_plan_only_where_the_row_block_is_poor():
     # 17-wide rows: one vector x 17 columns in the row, 2 x 12 over the plane (AVX-512)
-    assert _plan((1, 192, 17, 17), (192, 192, 7, 1), 3) == (2, 12)
-    assert _plan((1, 768, 17, 17), (192, 768, 1, 1)) == (2, 12)
+    assert _plan((1, 192, 17, 17), (192, 192, 7, 1), 3) == (2, 12, False)
+    assert _plan((1, 768, 17, 17), (192, 768, 1, 1)) == (2, 12, False)
+    assert _plan((1, 192, 17, 17), (192, 192, 1, 7), 0, 3) == (2, 12, True)
     # 160 channels: 2 vectors would leave 5 channel blocks for 2 cores
-    assert _plan((1, 160, 17, 17), (160, 160, 7, 1), 3) == (5, 4)
+    assert _plan((1, 160, 17, 17), (160, 160, 7, 1), 3) == (5, 4, False)
     # AVX2 (8 lanes, 16 registers): the row block has a column tail at 17
     assert _plan((1, 192, 17, 17), (192, 192, 7, 1), 3, hv=AVX2) is not None
     # rows a block fits keep it: 8 wide (2 x 8), 35 wide (2 x 7)
     assert _plan((1, 384, 8, 8), (384, 384, 3, 1), 1) is None
     assert _plan((1, 288, 35, 35), (64, 288, 1, 1)) is None
-    # a kernel along W (padded columns), a strided conv, 11 vectors of channels (one block only): rows
-    assert _plan((1, 192, 17, 17), (192, 192, 1, 7), 0, 3) is None
+    assert _plan((1, 64, 12, 12), (64, 64, 1, 1)) is None            # 2 x 6, its plane chunks
+    assert _plan((1, 64, 56, 56), (64, 64, 1, 1)) is None            # 2 x 8 on large planes
+    assert _plan((1, 16, 56, 58), (96, 16, 1, 1)) is None            # the pointwise 1 x 8 recipe, tail or not
+    # a kernel along both axes, a strided conv, 11 vectors of channels (one block only): rows
+    assert _plan((1, 192, 17, 17), (192, 192, 3, 3), 1, 1) is None
     assert _plan((1, 192, 35, 35), (192, 192, 1, 1), stride=2) is None
     assert _plan((1, 192, 17, 17), (176, 192, 1, 1)) is None

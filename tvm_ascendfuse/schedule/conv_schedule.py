@@ -871,7 +871,9 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
 
     A stride-1 conv whose kernel has one column (1x1, 7x1, 3x1) and whose input is not padded along W reads,
     for output pixel p = y * OW + x, input pixel p + ry * OW of each channel plane: the plane is one axis
-    and the register block need not fit the row. Inception's 17-wide rows get a row block of one vector x
+    and the register block need not fit the row. A kernel with one row (1x7, 1x3) over an input padded
+    along W only does the same column-major (p = x * OH + y, the padded input staged so, read at
+    p + rx * OH): 192->192 1x7 on 17x17 0.66 -> 0.60 ms (one thread, the machine loaded). Inception's 17-wide rows get a row block of one vector x
     17 columns (``choose_conv_tiles``: nothing else divides 17), one broadcast load per FMA; over the
     flattened plane a block of ``ocr`` >= 2 vectors x ``pv`` pixels takes about 0.6 loads per FMA, and the
     289 % pv leftover pixels run as a loop of their own (``_flat_plane``). Measured on a 2-core Zen 5 (one
@@ -879,17 +881,25 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
     0.56 ms; 2x12, 3x8, 4x6, 6x4 and 2x9 within 4% of each other (near the FMA peak), so the block is the
     fewest vectors with at most 0.6 loads per FMA in three quarters of the vector registers, whose channel
     blocks split evenly over the cores (or give each at least four). Applies where the row's own block
-    takes a load or more per FMA (1 x 17 on AVX-512, 4 x 1 on AVX2) or leaves a column tail, except a
-    pointwise conv's one vector x half the accumulators (the measured store-transpose block of large
-    planes): rows a block fits (2 x 8 on 8x8, 2 x 7 on 35 or 7 wide) keep it."""
+    takes a load or more per FMA (1 x 17 on AVX-512, 4 x 1 on AVX2) or leaves a column tail: rows a block
+    fits keep it (2 x 8 on 8 wide, 2 x 7 on 35 or 7 wide, 2 x 6 on 12 wide: a 64->64 1x1 conv on 12x12 took
+    0.0069 ms with its plane chunks, 0.0081 over the flat plane). Nor does a pointwise conv on a plane that takes
+    the one vector x half the accumulators block of ``choose_conv_tiles(pointwise=True)`` (56 and 58 wide: a
+    measured recipe, not compared with this one). SqueezeNet's 13-wide 1x1 convs (1 x 13)
+    gain: 256->64 0.031 -> 0.025 ms, 512->128 0.108 -> 0.092 (one thread)."""
     oc, oh, ow = out_dims
     if not opts.flat_plane or opts.tiles is not None or None in (oc, oh, ow, ic) or len(pro) > 1:
         return None
     lanes = hv.lanes(info.out_dtype)
     w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
     d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
-    if None in w_shape or None in d_shape or oc % lanes or w_shape[3] != 1 or d_shape[3] != ow \
-            or d_shape[2] != oh + w_shape[2] - 1:
+    if None in w_shape or None in d_shape or oc % lanes:
+        return None
+    if w_shape[3] == 1 and d_shape[3] == ow and d_shape[2] == oh + w_shape[2] - 1:
+        columns = False
+    elif w_shape[2] == 1 and d_shape[2] == oh and d_shape[3] == ow + w_shape[3] - 1 and len(pro) == 1:
+        columns = True       # a kernel along W over an input padded along W only: the plane column-major
+    else:
         return None
     stmt = sch.get(conv)
     region = stmt.reads[info.data_read].region
@@ -897,11 +907,13 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
     ana = tvm.sym.Analyzer()
     if not (ana.can_prove_equal(region[2].min, iv[2] + iv[5]) and ana.can_prove_equal(region[3].min, iv[3] + iv[6])):
         return None          # strided or dilated along H: the pixels a block reads are not one run
-    row = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), pointwise=w_shape[2] == 1, ic=ic)
-    acc = hv.accumulators
-    pointwise_recipe = w_shape[2] == 1 and row.ocr == 1 and row.owr == acc // 2   # store-transpose tiles
-    if not (ow % row.owr or (row.ocr + row.owr >= row.ocr * row.owr and not pointwise_recipe)):
+    row = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), columns_first=columns)
+    if not (ow % row.owr or row.ocr + row.owr >= row.ocr * row.owr):
         return None
+    if w_shape[2] == w_shape[3] == 1:
+        pw = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), pointwise=True, ic=ic)
+        if pw.ocr == 1 and pw.owr == hv.accumulators // 2:
+            return None      # a large plane's measured pointwise block (store-transpose tiles), tail or not
     budget = 3 * hv.registers // 4
     vectors, cores = oc // lanes, max(1, hv.cores)
     for ocr in range(2, vectors + 1):
@@ -910,7 +922,7 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
         if vectors % ocr or pv < 2 or 5 * (ocr + pv) > 3 * ocr * pv:
             continue
         if blocks % cores == 0 or blocks >= 4 * cores:
-            return ocr, pv
+            return ocr, pv, columns
     return None
 
 
@@ -923,7 +935,7 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
     blocks declare no regions, so an epilogue under the task loop would be given every channel. False when
     a step does not apply (called on a copy first)."""
     oc, oh, ow = out_dims
-    ocr, pv = plan
+    ocr, pv, columns = plan
     vl = hv.lanes(info.out_dtype)
     hw = oh * ow
     pads = [b for b in pro if still_exists(sch, b)]
@@ -951,11 +963,16 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
             return False
     if not _writes_like(sch, last, out_shape):
         return False
+    if columns and len(pads) != 1:
+        return False
+    # pixel p = y * OW + x, or x * OH + y (``columns``: the kernel runs along W, the input is staged
+    # column-major, so output pixel p reads staged pixel p + rx * OH as a kernel along H reads p + ry * OW)
+    flat = (lambda y, x: x * oh + y) if columns else (lambda y, x: y * ow + x)
     if pads:
-        sch.transform_layout(pads[0], ("write", 0), lambda n, c, h, w: (n, c, h * ow + w))
-    sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, f // vl, y * ow + x, f % vl))
-    sch.transform_block_layout(conv, lambda n, f, y, x, rc, ry, rx: (n, f, y * ow + x, rc, ry, rx))
-    sch.transform_block_layout(last, lambda n, f, y, x: (n, f, y * ow + x))
+        sch.transform_layout(pads[0], ("write", 0), lambda n, c, h, w: (n, c, flat(h, w)))
+    sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, f // vl, flat(y, x), f % vl))
+    sch.transform_block_layout(conv, lambda n, f, y, x, rc, ry, rx: (n, f, flat(y, x), rc, ry, rx))
+    sch.transform_block_layout(last, lambda n, f, y, x: (n, f, flat(y, x)))
     n, f, p, rc, ry, rx = sch.get_loops(conv)
     f0, f1, f2 = sch.split(f, [None, ocr, vl])
     sch.reorder(n, f0, p, rc, ry, rx, f1, f2)
@@ -996,6 +1013,7 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
             ok(sch.compute_inline, b)
         parallel_vector(sch, after, vl)
     sch.annotate(parts[0], "ascendfuse.schedule",
-                 f"{'packed ' if packed else ''}flat plane: {ocr} x {vl} channels x {pv} pixels"
+                 f"{'packed ' if packed else ''}flat plane{' (column-major)' if columns else ''}: "
+                 f"{ocr} x {vl} channels x {pv} pixels"
                  f"{f' + {hw % pv}' if hw % pv else ''}")
     return True
