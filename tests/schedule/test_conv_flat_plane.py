@@ -38,8 +38,8 @@ CASES = {
     # a kernel along W: the padded input staged column-major, the plane too
     "1x7_17": ((1, 32, 17, 17), (64, 32, 1, 7), 0, 3, False),
     "1x3_17x13_residual": ((1, 32, 17, 13), (64, 32, 1, 3), 0, 1, True),
-    # 160 channels = 10 vectors: 5 x 16 channels x 4 pixels, two channel blocks for the two cores
-    "7x1_160": ((1, 16, 17, 17), (160, 16, 7, 1), 3, 0, False),
+    # 96 channels = 6 vectors: 3 x 16 channels x 8 pixels, two channel blocks for the two cores
+    "7x1_96": ((1, 16, 17, 17), (96, 16, 7, 1), 3, 0, False),
     # a 13-wide plane (169 = 14 x 12 + 1), batch of 2
     "1x1_13_batch2": ((2, 32, 13, 13), (64, 32, 1, 1), 0, 0, False),
 }
@@ -97,8 +97,10 @@ def test_plan_only_where_the_row_block_is_poor():
     assert _plan((1, 192, 17, 17), (192, 192, 7, 1), 3) == (2, 12, False)
     assert _plan((1, 768, 17, 17), (192, 768, 1, 1)) == (2, 12, False)
     assert _plan((1, 192, 17, 17), (192, 192, 1, 7), 0, 3) == (2, 12, True)
-    # 160 channels: 2 vectors would leave 5 channel blocks for 2 cores
-    assert _plan((1, 160, 17, 17), (160, 160, 7, 1), 3) == (5, 4, False)
+    # 96 channels: 2 vectors would leave 3 channel blocks for 2 cores
+    assert _plan((1, 96, 17, 17), (96, 96, 7, 1), 3) == (3, 8, False)
+    # 160: 2 x 12 leaves 5 blocks, 5 x 4 is more vectors than pixels: the row block
+    assert _plan((1, 160, 17, 17), (160, 160, 7, 1), 3) is None
     # AVX2 (8 lanes, 16 registers): the row block has a column tail at 17
     assert _plan((1, 192, 17, 17), (192, 192, 7, 1), 3, hv=AVX2) is not None
     # rows a block fits keep it: 8 wide (2 x 8), 35 wide (2 x 7)

@@ -879,8 +879,10 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
     289 % pv leftover pixels run as a loop of their own (``_flat_plane``). Measured on a 2-core Zen 5 (one
     thread, own processes, conv + bias + ReLU): 768->192 1x1 on 17x17 0.40 -> 0.33 ms, 192->192 7x1 0.61 ->
     0.56 ms; 2x12, 3x8, 4x6, 6x4 and 2x9 within 4% of each other (near the FMA peak), so the block is the
-    fewest vectors with at most 0.6 loads per FMA in three quarters of the vector registers, whose channel
-    blocks split evenly over the cores (or give each at least four). Applies where the row's own block
+    fewest vectors with at most 0.6 loads per FMA in three quarters of the vector registers, no more vectors
+    than pixels, whose channel blocks split evenly over the cores (or give each at least four). 160 channels
+    (10 vectors) have none: 2 x 12 leaves 5 channel blocks for 2 cores, 5 x 4 measured 1.09x the row
+    block's time for a 160->160 7x1 conv (two threads, interleaved in one process), so they keep the row. Applies where the row's own block
     takes a load or more per FMA (1 x 17 on AVX-512, 4 x 1 on AVX2) or leaves a column tail: rows a block
     fits keep it (2 x 8 on 8 wide, 2 x 7 on 35 or 7 wide, 2 x 6 on 12 wide: a 64->64 1x1 conv on 12x12 took
     0.0069 ms with its plane chunks, 0.0081 over the flat plane). Nor does a pointwise conv on a plane that takes
@@ -919,7 +921,7 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
     for ocr in range(2, vectors + 1):
         pv = min(oh * ow, budget // ocr)
         blocks = vectors // ocr
-        if vectors % ocr or pv < 2 or 5 * (ocr + pv) > 3 * ocr * pv:
+        if vectors % ocr or pv < ocr or 5 * (ocr + pv) > 3 * ocr * pv:
             continue
         if blocks % cores == 0 or blocks >= 4 * cores:
             return ocr, pv, columns
@@ -930,10 +932,9 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
     """Schedule the conv over one pixel axis p = y * OW + x (``_flat_plane_plan``): the padded input (padded
     along H only, or a concat's staging) is laid out flat, the accumulator (N, OC/vl, H*W, vl); parallel over
     blocks of ocr * vl output channels, each computing its whole plane in register blocks of pv pixels and
-    the P % pv leftover pixels in a loop of their own (``loop_partition``: no condition on any FMA). The
-    epilogue runs after, parallel over the same channel blocks on channel vectors: the partition's wrapper
-    blocks declare no regions, so an epilogue under the task loop would be given every channel. False when
-    a step does not apply (called on a copy first)."""
+    the P % pv leftover pixels in a loop of their own (``loop_partition``: no condition on any FMA), then the
+    epilogue on channel vectors (measured 0-2% faster there than in a parallel loop of its own after the
+    conv). False when a step does not apply (called on a copy first)."""
     oc, oh, ow = out_dims
     ocr, pv, columns = plan
     vl = hv.lanes(info.out_dtype)
@@ -976,7 +977,16 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
     n, f, p, rc, ry, rx = sch.get_loops(conv)
     f0, f1, f2 = sch.split(f, [None, ocr, vl])
     sch.reorder(n, f0, p, rc, ry, rx, f1, f2)
-    sch.parallel(sch.fuse(n, f0))
+    task = sch.fuse(n, f0)
+    sch.parallel(task)
+    # the epilogue inside each task on its channel block's plane (in UB, still in the core's cache), placed
+    # before the partition: its wrapper blocks declare no regions, so afterwards the epilogue would be given
+    # every channel
+    sch.set_scope(conv, 0, UB_SCOPE)
+    sch.reverse_compute_at(last, task)
+    ef, ep = sch.get_loops(last)[-2:]
+    sch.reorder(ep, ef)
+    sch.vectorize(sch.split(ef, [None, vl])[1])
     name, var = sch.get(conv).name_hint, sch.get(p).loop_var.name
     parts = [conv]
     if hw % pv:
@@ -998,11 +1008,6 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
         sch.unroll(il[-2])
         if k == 0:
             sch.unroll(il[-3])
-    en, ef, ep = sch.get_loops(last)
-    e0, e1 = sch.split(ef, [None, ocr * vl])
-    sch.parallel(sch.fuse(en, e0))
-    sch.reorder(ep, e1)
-    sch.vectorize(sch.split(e1, [None, vl])[1])
     for b in pads:
         if not (opts.concat_parts and _stage_parts_by_rows(sch, b, vl, hv.cores)):
             pl = sch.get_loops(b)
