@@ -225,7 +225,7 @@ class ConvOptions:
     row_block_max_plane: int = 4096
     subsample_strided: bool = True   # a strided 1x1 conv gathers its input pixels first
     pixel_vectors: bool = True       # stride-1 1x1 convs on large planes on pixel vectors (_pixel_vector_plan)
-    flat_plane: bool = True          # stride-1 convs with KW = 1 on rows no block fits: one pixel axis (_flat_plane_plan)
+    flat_plane: bool = True          # one kernel row/column, rows no block fits: one pixel axis (_flat_plane_plan)
     pad_in_task: bool = True         # see _row_blocks
     row_blocks: int | None = None    # None: from the core count (_row_blocks); n: n blocks (tuning)
     transpose: bool = True           # NCHW[vl]c -> NCHW store through register shuffles (transpose.py)
@@ -865,30 +865,33 @@ def _is_plain_copy(sch, block) -> bool:
 
 
 def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dims, ic, hv: HostVector,
-                     target) -> tuple[int, int] | None:
-    """(ocr vectors of output channels, pv pixels) of a register block over the flattened output plane, else
-    None.
+                     target) -> tuple[int, int, bool] | None:
+    """(ocr vectors of output channels, pv pixels, column-major) of a register block over the flattened
+    output plane, else None.
 
     A stride-1 conv whose kernel has one column (1x1, 7x1, 3x1) and whose input is not padded along W reads,
     for output pixel p = y * OW + x, input pixel p + ry * OW of each channel plane: the plane is one axis
     and the register block need not fit the row. A kernel with one row (1x7, 1x3) over an input padded
     along W only does the same column-major (p = x * OH + y, the padded input staged so, read at
-    p + rx * OH): 192->192 1x7 on 17x17 0.66 -> 0.60 ms (one thread, the machine loaded). Inception's 17-wide rows get a row block of one vector x
-    17 columns (``choose_conv_tiles``: nothing else divides 17), one broadcast load per FMA; over the
-    flattened plane a block of ``ocr`` >= 2 vectors x ``pv`` pixels takes about 0.6 loads per FMA, and the
-    289 % pv leftover pixels run as a loop of their own (``_flat_plane``). Measured on a 2-core Zen 5 (one
-    thread, own processes, conv + bias + ReLU): 768->192 1x1 on 17x17 0.40 -> 0.33 ms, 192->192 7x1 0.61 ->
-    0.56 ms; 2x12, 3x8, 4x6, 6x4 and 2x9 within 4% of each other (near the FMA peak), so the block is the
-    fewest vectors with at most 0.6 loads per FMA in three quarters of the vector registers, no more vectors
-    than pixels, whose channel blocks split evenly over the cores (or give each at least four). 160 channels
-    (10 vectors) have none: 2 x 12 leaves 5 channel blocks for 2 cores, 5 x 4 measured 1.09x the row
-    block's time for a 160->160 7x1 conv (two threads, interleaved in one process), so they keep the row. Applies where the row's own block
-    takes a load or more per FMA (1 x 17 on AVX-512, 4 x 1 on AVX2) or leaves a column tail: rows a block
-    fits keep it (2 x 8 on 8 wide, 2 x 7 on 35 or 7 wide, 2 x 6 on 12 wide: a 64->64 1x1 conv on 12x12 took
-    0.0069 ms with its plane chunks, 0.0081 over the flat plane). Nor does a pointwise conv on a plane that takes
-    the one vector x half the accumulators block of ``choose_conv_tiles(pointwise=True)`` (56 and 58 wide: a
-    measured recipe, not compared with this one). SqueezeNet's 13-wide 1x1 convs (1 x 13)
-    gain: 256->64 0.031 -> 0.025 ms, 512->128 0.108 -> 0.092 (one thread)."""
+    p + rx * OH). Inception's 17-wide rows get a row block of one vector x 17 columns
+    (``choose_conv_tiles``: nothing else divides 17), one broadcast load per FMA; over the flattened plane
+    a block of ``ocr`` >= 2 vectors x ``pv`` pixels takes about 0.6 loads per FMA, and the P % pv leftover
+    pixels run as a loop of their own (``_flat_plane``). Measured on a 2-core Zen 5 (conv + bias + ReLU,
+    one thread, own processes): 768->192 1x1 on 17x17 0.40 -> 0.33 ms, 192->192 7x1 0.61 -> 0.56, 1x7
+    0.66 -> 0.60 (loaded machine); 2x12, 3x8, 4x6, 6x4 and 2x9 within 4% of each other (near the FMA
+    peak). So the block is the fewest vectors with at most 0.6 loads per FMA in three quarters of the
+    vector registers, no more vectors than pixels, whose channel blocks split evenly over the cores (or
+    give each at least four). 160 channels (10 vectors) have none: 2 x 12 leaves 5 channel blocks for 2
+    cores, and 5 x 4 measured 1.09x the row block's time for a 160->160 7x1 conv (two threads,
+    interleaved in one process), so they keep the row.
+
+    Applies where the row's own block takes a load or more per FMA (1 x 17 on AVX-512, 4 x 1 on AVX2) or
+    leaves a column tail. Rows a block fits keep it (2 x 8 on 8 wide, 2 x 7 on 35 or 7 wide, 2 x 6 on 12
+    wide: a 64->64 1x1 conv on 12x12 took 0.0069 ms with its plane chunks, 0.0081 on the flat plane), and
+    so does a pointwise conv that takes ``choose_conv_tiles(pointwise=True)``'s one vector x half the
+    accumulators (large planes, 56 or 58 wide: a measured recipe, not compared with this one).
+    SqueezeNet's 13-wide 1x1 convs (1 x 13) gain: 256->64 0.031 -> 0.025 ms, 512->128 0.108 -> 0.092
+    (one thread)."""
     oc, oh, ow = out_dims
     if not opts.flat_plane or opts.tiles is not None or None in (oc, oh, ow, ic) or len(pro) > 1:
         return None
@@ -908,7 +911,7 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
     iv = [v.var for v in stmt.iter_vars]
     ana = tvm.sym.Analyzer()
     if not (ana.can_prove_equal(region[2].min, iv[2] + iv[5]) and ana.can_prove_equal(region[3].min, iv[3] + iv[6])):
-        return None          # strided or dilated along H: the pixels a block reads are not one run
+        return None          # strided or dilated: the pixels a block reads are not one run
     row = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), columns_first=columns)
     if not (ow % row.owr or row.ocr + row.owr >= row.ocr * row.owr):
         return None
