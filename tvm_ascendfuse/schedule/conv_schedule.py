@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import ScheduleError
@@ -224,6 +225,7 @@ class ConvOptions:
     row_block_max_plane: int = 4096
     subsample_strided: bool = True   # a strided 1x1 conv gathers its input pixels first
     pixel_vectors: bool = True       # stride-1 1x1 convs on large planes on pixel vectors (_pixel_vector_plan)
+    flat_plane: bool = True          # one kernel row/column, rows no block fits: one pixel axis (_flat_plane_plan)
     pad_in_task: bool = True         # see _row_blocks
     row_blocks: int | None = None    # None: from the core count (_row_blocks); n: n blocks (tuning)
     transpose: bool = True           # NCHW[vl]c -> NCHW store through register shuffles (transpose.py)
@@ -355,6 +357,16 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         try:
             trial = apply(sch.copy())
         except (RuntimeError, ValueError, TypeError, IndexError):   # ScheduleError or a layout TVM refuses
+            trial = False
+        if trial and apply(sch):
+            return sch
+    flat = _flat_plane_plan(opts, sch, conv, info, pads, (oc, oh, ow), ic, hv, as_target(target))
+    if flat is not None:
+        apply = lambda s: _flat_plane(s, conv, info, pads, blocks[ci + 1:], (oc, oh, ow), flat, hv,  # noqa: E731
+                                      opts) and unwritten_output(s.mod["main"]) is None
+        try:
+            trial = apply(sch.copy())
+        except (RuntimeError, ValueError, TypeError, IndexError):   # ScheduleError or a partition TVM refuses
             trial = False
         if trial and apply(sch):
             return sch
@@ -850,3 +862,166 @@ def _is_plain_copy(sch, block) -> bool:
     """A block that stores one load of another buffer unchanged (no padding select)."""
     body = sch.get(block).body
     return isinstance(body, tirx.BufferStore) and isinstance(strip_cast(body.value), LOAD)
+
+
+def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dims, ic, hv: HostVector,
+                     target) -> tuple[int, int, bool] | None:
+    """(ocr vectors of output channels, pv pixels, column-major) of a register block over the flattened
+    output plane, else None.
+
+    A stride-1 conv whose kernel has one column (1x1, 7x1, 3x1) and whose input is not padded along W reads,
+    for output pixel p = y * OW + x, input pixel p + ry * OW of each channel plane: the plane is one axis
+    and the register block need not fit the row. A kernel with one row (1x7, 1x3) over an input padded
+    along W only does the same column-major (p = x * OH + y, the padded input staged so, read at
+    p + rx * OH). Inception's 17-wide rows get a row block of one vector x 17 columns
+    (``choose_conv_tiles``: nothing else divides 17), one broadcast load per FMA; over the flattened plane
+    a block of ``ocr`` >= 2 vectors x ``pv`` pixels takes about 0.6 loads per FMA, and the P % pv leftover
+    pixels run as a loop of their own (``_flat_plane``). Measured on a 2-core Zen 5 (conv + bias + ReLU,
+    one thread, own processes): 768->192 1x1 on 17x17 0.40 -> 0.33 ms, 192->192 7x1 0.61 -> 0.56, 1x7
+    0.66 -> 0.60 (loaded machine); 2x12, 3x8, 4x6, 6x4 and 2x9 within 4% of each other (near the FMA
+    peak). So the block is the fewest vectors with at most 0.6 loads per FMA in three quarters of the
+    vector registers, no more vectors than pixels, whose channel blocks split evenly over the cores (or
+    give each at least four). 160 channels (10 vectors) have none: 2 x 12 leaves 5 channel blocks for 2
+    cores, and 5 x 4 measured 1.09x the row block's time for a 160->160 7x1 conv (two threads,
+    interleaved in one process), so they keep the row.
+
+    Applies where the row's own block takes a load or more per FMA (1 x 17 on AVX-512, 4 x 1 on AVX2) or
+    leaves a column tail. Rows a block fits keep it (2 x 8 on 8 wide, 2 x 7 on 35 or 7 wide, 2 x 6 on 12
+    wide: a 64->64 1x1 conv on 12x12 took 0.0069 ms with its plane chunks, 0.0081 on the flat plane), and
+    so does a pointwise conv that takes ``choose_conv_tiles(pointwise=True)``'s one vector x half the
+    accumulators (large planes, 56 or 58 wide: a measured recipe, not compared with this one).
+    SqueezeNet's 13-wide 1x1 convs (1 x 13) gain: 256->64 0.031 -> 0.025 ms, 512->128 0.108 -> 0.092
+    (one thread)."""
+    oc, oh, ow = out_dims
+    if not opts.flat_plane or opts.tiles is not None or None in (oc, oh, ow, ic) or len(pro) > 1:
+        return None
+    lanes = hv.lanes(info.out_dtype)
+    w_shape = [extent_of(d) for d in info.weight_buf.ty.shape]
+    d_shape = [extent_of(d) for d in sch.get(conv).reads[info.data_read].source.ty.shape]
+    if None in w_shape or None in d_shape or oc % lanes:
+        return None
+    if w_shape[3] == 1 and d_shape[3] == ow and d_shape[2] == oh + w_shape[2] - 1:
+        columns = False
+    elif w_shape[2] == 1 and d_shape[2] == oh and d_shape[3] == ow + w_shape[3] - 1 and len(pro) == 1:
+        columns = True       # a kernel along W over an input padded along W only: the plane column-major
+    else:
+        return None
+    stmt = sch.get(conv)
+    region = stmt.reads[info.data_read].region
+    iv = [v.var for v in stmt.iter_vars]
+    ana = tvm.sym.Analyzer()
+    if not (ana.can_prove_equal(region[2].min, iv[2] + iv[5]) and ana.can_prove_equal(region[3].min, iv[3] + iv[6])):
+        return None          # strided or dilated: the pixels a block reads are not one run
+    row = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), columns_first=columns)
+    if not (ow % row.owr or row.ocr + row.owr >= row.ocr * row.owr):
+        return None
+    if w_shape[2] == w_shape[3] == 1:
+        pw = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), pointwise=True, ic=ic)
+        if pw.ocr == 1 and pw.owr == hv.accumulators // 2:
+            return None      # a large plane's measured pointwise block (store-transpose tiles), tail or not
+    budget = 3 * hv.registers // 4
+    vectors, cores = oc // lanes, max(1, hv.cores)
+    for ocr in range(2, vectors + 1):
+        pv = min(oh * ow, budget // ocr)
+        blocks = vectors // ocr
+        if vectors % ocr or pv < ocr or 5 * (ocr + pv) > 3 * ocr * pv:
+            continue
+        if blocks % cores == 0 or blocks >= 4 * cores:
+            return ocr, pv, columns
+    return None
+
+
+def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVector, opts: ConvOptions) -> bool:
+    """Schedule the conv over one pixel axis p = y * OW + x (``_flat_plane_plan``): the padded input (padded
+    along H only, or a concat's staging) is laid out flat, the accumulator (N, OC/vl, H*W, vl); parallel over
+    blocks of ocr * vl output channels, each computing its whole plane in register blocks of pv pixels and
+    the P % pv leftover pixels in a loop of their own (``loop_partition``: no condition on any FMA), then the
+    epilogue on channel vectors (measured 0-2% faster there than in a parallel loop of its own after the
+    conv). False when a step does not apply (called on a copy first)."""
+    oc, oh, ow = out_dims
+    ocr, pv, columns = plan
+    vl = hv.lanes(info.out_dtype)
+    hw = oh * ow
+    pads = [b for b in pro if still_exists(sch, b)]
+    for b in pads:
+        if _is_plain_copy(sch, b):
+            ok(sch.compute_inline, b)      # a pad of zero width (1x1 convs): read the input in place
+    pads = [b for b in pads if still_exists(sch, b)]
+    if any(is_output_block(sch, b) for b in pads):
+        return False
+    packed = False
+    if opts.prepack and packable_param(sch, info.weight_buf) is not None:
+        ocb = ocr * vl
+        mark_prepack(sch, conv, info.weight_read, lambda f, c, r, s: (f // ocb, c, r, s, f % ocb))
+        packed = True
+    out_shape = sch.get(conv).writes[0].source.ty.shape
+    epi = list(epi)
+    if epi and all(tile_local(sch, b, out_shape) for b in epi):
+        rest = []
+    else:
+        # no epilogue, or one that changes the shape (a concat, slices): a copy to NCHW first, it after
+        rest, epi = epi, [sch.cache_write(conv, 0, "global")]
+    *inner, last = epi
+    for b in inner:
+        if not ok(sch.compute_inline, b):
+            return False
+    if not _writes_like(sch, last, out_shape):
+        return False
+    if columns and len(pads) != 1:
+        return False
+    # pixel p = y * OW + x, or x * OH + y (``columns``: the kernel runs along W, the input is staged
+    # column-major, so output pixel p reads staged pixel p + rx * OH as a kernel along H reads p + ry * OW)
+    flat = (lambda y, x: x * oh + y) if columns else (lambda y, x: y * ow + x)
+    if pads:
+        sch.transform_layout(pads[0], ("write", 0), lambda n, c, h, w: (n, c, flat(h, w)))
+    sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, f // vl, flat(y, x), f % vl))
+    sch.transform_block_layout(conv, lambda n, f, y, x, rc, ry, rx: (n, f, flat(y, x), rc, ry, rx))
+    sch.transform_block_layout(last, lambda n, f, y, x: (n, f, flat(y, x)))
+    n, f, p, rc, ry, rx = sch.get_loops(conv)
+    f0, f1, f2 = sch.split(f, [None, ocr, vl])
+    sch.reorder(n, f0, p, rc, ry, rx, f1, f2)
+    task = sch.fuse(n, f0)
+    sch.parallel(task)
+    # the epilogue inside each task on its channel block's plane (in UB, still in the core's cache), placed
+    # before the partition: its wrapper blocks declare no regions, so afterwards the epilogue would be given
+    # every channel
+    sch.set_scope(conv, 0, UB_SCOPE)
+    sch.reverse_compute_at(last, task)
+    ef, ep = sch.get_loops(last)[-2:]
+    sch.reorder(ep, ef)
+    sch.vectorize(sch.split(ef, [None, vl])[1])
+    name, var = sch.get(conv).name_hint, sch.get(p).loop_var.name
+    parts = [conv]
+    if hw % pv:
+        sch.loop_partition(p, [hw - hw % pv, None])
+        parts = [sch.get_sblock(f"{name}_{var}0"), sch.get_sblock(f"{name}_{var}1")]
+    for k, part in enumerate(parts):
+        pp, rc, ry, rx, f1, f2 = sch.get_loops(part)[-6:]
+        if k == 0:
+            p0, p1 = sch.split(pp, [None, pv])
+            sch.reorder(p0, rc, ry, rx, p1, f1, f2)
+            sch.unroll(p1)
+        else:
+            sch.reorder(rc, ry, rx, pp, f1, f2)
+        sch.vectorize(f2)
+        sch.unroll(f1)
+        init = sch.decompose_reduction(part, rc)
+        il = sch.get_loops(init)
+        sch.vectorize(il[-1])
+        sch.unroll(il[-2])
+        if k == 0:
+            sch.unroll(il[-3])
+    for b in pads:
+        if not (opts.concat_parts and _stage_parts_by_rows(sch, b, vl, hv.cores)):
+            pl = sch.get_loops(b)
+            try_(sch.parallel, sch.fuse(*pl[:2]))
+    if rest:
+        *before, after = rest
+        for b in before:
+            ok(sch.compute_inline, b)
+        parallel_vector(sch, after, vl)
+    sch.annotate(parts[0], "ascendfuse.schedule",
+                 f"{'packed ' if packed else ''}flat plane{' (column-major)' if columns else ''}: "
+                 f"{ocr} x {vl} channels x {pv} pixels"
+                 f"{f' + {hw % pv}' if hw % pv else ''}")
+    return True
