@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax import op
 
@@ -231,6 +232,25 @@ def test_overlap_left_out_where_it_does_not_apply():
                         (dw_kernel((1, 24, 14, 14), 7, 1, None, 1, "nhwc"), None)):
         _, note = check_rule(DepthwiseConv2dRule(), func, host=NATIVE, sizes=sizes, with_note=True)
         assert "overlapping" not in note
+
+
+@pytest.mark.parametrize("xs, k, stride, pad", [((1, 32, 16, 16), 3, 1, None),
+                                                ((1, 48, 22, 22), 3, 2, None),             # only the left column
+                                                ((1, 16, 9, 10), 3, 1, (0, 1, 2, 1)),      # asymmetric
+                                                ((1, 72, 13, 13), 5, 2, None),             # overlapping blocks
+                                                ((1, 16, 9, 9), 3, 1, (0, 0, 0, 0))])      # nothing to fill
+def test_zero_fill_only_on_the_border(xs, k, stride, pad):
+    """The staged rows' zero fill stores only what the in-bound copy leaves: whole rows above and below the
+    input, the left and right columns in its rows (the fill's column loop runs over a row-dependent count);
+    exact; switched off, the fill covers the whole tile."""
+    func = dw_kernel(xs, k, stride, pad, 1, "relu").with_attr("layout_free_buffers", [1])
+    for border in (True, False):
+        rule = DepthwiseConv2dRule(border_fill=border)
+        mod = check_rule(rule, func, host=NATIVE)
+        row_dependent = []
+        tvm_ffi.structural_walk(mod["main"], (tirx.For, lambda lp: row_dependent.append(lp)
+                                              if isinstance(lp.extent, tirx.Select) else None))
+        assert bool(row_dependent) is (border and pad != (0, 0, 0, 0))
 
 
 def test_tiles_from_usable_ub():

@@ -157,8 +157,9 @@ class DepthwiseConv2dRule(ScheduleRule):
     tunable = True
 
     def __init__(self, transpose_store: bool = True, transpose_load: bool = True, prepack: bool = True,
-                 tiles=None, unroll_epilogue: bool = True, overlap: bool = True):
+                 tiles=None, unroll_epilogue: bool = True, overlap: bool = True, border_fill: bool = True):
         self.overlap = overlap
+        self.border_fill = border_fill
         self.unroll_epilogue = unroll_epilogue
         self.transpose_store = transpose_store
         self.transpose_load = transpose_load
@@ -256,7 +257,9 @@ class DepthwiseConv2dRule(ScheduleRule):
         sch.compute_at(stage, tile, preserve_unit_loops=True)
         sc, sh, sw = sch.get_loops(stage)[-3:]
         sch.reorder(sh, sw, sc)
+        box = _in_bound_box(sch.get(stage))
         fill = try_(sch.decompose_padding, stage, sh)
+        fill_name = sch.get(fill).name_hint if fill is not None else None
         if fill is not None:
             try_(sch.vectorize, sch.get_loops(fill)[-1])
         cols = _copy_columns(extent(sch, sch.get_loops(stage)[-2]))
@@ -277,11 +280,15 @@ class DepthwiseConv2dRule(ScheduleRule):
         try_(sch.unroll, il[-2])
         note = f"depthwise-conv2d: {'packed ' if packed else ''}{t}{overlap_note}, {how}"
         sch.annotate(conv, "ascendfuse.schedule", note)
-        if transposed and self.tiles is None:
-            func, rewritten = rewrite_transposed_stages(sch.mod["main"])
+        if self.tiles is None:
+            func, rewritten = rewrite_transposed_stages(sch.mod["main"]) if transposed else (sch.mod["main"], 0)
             if rewritten:
-                sch = new_schedule(tvm.IRModule({"main": func}))
                 note += ", input staged through register transposes"
+            bordered = 0
+            if self.border_fill and fill_name is not None and box is not None:
+                func, bordered = fill_border_only(func, fill_name, box)
+            if rewritten or bordered:
+                sch = new_schedule(tvm.IRModule({"main": func}))
         return Scheduled(sch, note)
 
     def _epilogue_at(self, sch, last, layout, x0, vl, store=None) -> str:
@@ -335,6 +342,82 @@ def _overlap_blocks(sch, stage, conv, last, info: GroupedConvBlock, hv: HostVect
         return None
     pack_overlap_weight(sch, new, weight, lanes)
     return sch, stage, conv, last, sch.get_sblock(OVERLAP_STORE_BLOCK), info
+
+
+def _in_bound_box(stage) -> tuple | None:
+    """(first row, end row, first column, end column) of the staged (padded) rows the input fills, from the
+    padding block's ``if_then_else(lo <= h < hi and lo <= w < hi, X[...], 0)``; None in any other form."""
+    store = stage.body
+    value = store.value if isinstance(store, tirx.BufferStore) else None
+    if not (isinstance(value, tvm.ir.expr.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == "prim.if_then_else") or len(stage.iter_vars) != 4:
+        return None
+    h, w = stage.iter_vars[2].var, stage.iter_vars[3].var
+    ext = [stage.iter_vars[2].dom.extent, stage.iter_vars[3].dom.extent]
+    if not all(isinstance(e, tirx.IntImm) for e in ext):
+        return None
+    bounds = {"h": [0, int(ext[0])], "w": [0, int(ext[1])]}
+    terms, todo = [], [value.args[0]]
+    while todo:
+        t = todo.pop()
+        if isinstance(t, tirx.And):
+            todo += [t.a, t.b]
+        else:
+            terms.append(t)
+    for t in terms:
+        if not isinstance(t, (tirx.LT, tirx.LE)):
+            return None
+        for var, key in ((h, "h"), (w, "w")):
+            if t.b.same_as(var) and isinstance(t.a, tirx.IntImm):        # lo <= v (or lo < v)
+                bounds[key][0] = int(t.a) + (1 if isinstance(t, tirx.LT) else 0)
+                break
+            if t.a.same_as(var) and isinstance(t.b, tirx.IntImm):        # v < hi (or v <= hi)
+                bounds[key][1] = int(t.b) + (1 if isinstance(t, tirx.LE) else 0)
+                break
+        else:
+            return None
+    return (*bounds["h"], *bounds["w"])
+
+
+def fill_border_only(func, fill_name: str, box) -> tuple:
+    """``func`` with the zero fill of the staged rows (``decompose_padding``'s block ``fill_name``, which
+    writes the whole tile before the in-bound copy overwrites most of it) storing only where the copy does
+    not: whole rows outside the input's rows, and in the others the columns left and right of it. Returns
+    (function, fills rewritten); a fill nest not of the form (rows, columns, vectorised channels) stays."""
+    row_lo, row_hi, col_lo, col_hi = box
+    done = []
+
+    def on_for(rows):
+        cols = rows.body
+        lanes = cols.body if isinstance(cols, tirx.For) else None
+        realize = lanes.body if isinstance(lanes, tirx.For) else None
+        if not isinstance(realize, s_tir.SBlockRealize) or realize.block.name_hint != fill_name \
+                or len(realize.iter_values) != 4 or not realize.iter_values[3].same_as(cols.loop_var) \
+                or not isinstance(cols.extent, tirx.IntImm) or not isinstance(cols.min, tirx.IntImm) \
+                or int(cols.min) != 0:
+            return rows
+        width = int(cols.extent)
+        dt = str(cols.extent.ty.dtype)
+        c = lambda v: tirx.IntImm(dt, v)  # noqa: E731
+        left, right = min(max(col_lo, 0), width), max(width - max(col_hi, 0), 0)
+        if left + right >= width:
+            return rows
+        # one nest (each loop and block defined once): the column loop runs over the left columns then
+        # the right ones in an input row, over all columns elsewhere
+        row, k = realize.iter_values[2], cols.loop_var
+        inside = tirx.And(tirx.LE(c(row_lo), row), tirx.LT(row, c(row_hi)))
+        column = tirx.Select(inside, k + tirx.Select(tirx.LT(k, c(left)), c(0), c(width - right - left)), k)
+        new_realize = s_tir.SBlockRealize([*realize.iter_values[:3], column], realize.predicate, realize.block)
+        new_lanes = tirx.For(lanes.loop_var, lanes.min, lanes.extent, lanes.kind, new_realize,
+                             lanes.thread_binding, dict(lanes.annotations))
+        new_cols = tirx.For(k, cols.min, tirx.Select(inside, c(left + right), c(width)), cols.kind, new_lanes,
+                            cols.thread_binding, dict(cols.annotations))
+        done.append(fill_name)
+        return tirx.For(rows.loop_var, rows.min, rows.extent, rows.kind, new_cols, rows.thread_binding,
+                        dict(rows.annotations))
+
+    out = tvm_ffi.structural_map(func, (tirx.For, on_for))
+    return out, len(done)
 
 
 def extent_of(dim) -> int | None:
