@@ -47,6 +47,7 @@ from .analysis import LOAD, GroupedConvBlock, has_reduce, match_depthwise_conv2d
 from .base import UB_SCOPE, Declined, ScheduleRule, Scheduled
 from .common import new_schedule, as_target, extent, ok, root_blocks, still_exists, try_, vectorize_inner
 from .fast_math import use_fast_math
+from .border_fill import mark_border_fill, rewrite_border_fills
 from .channel_overlap import OVERLAP_STORE_BLOCK, overlap_channel_blocks, overlapped_blocks, pack_overlap_weight
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
@@ -259,9 +260,10 @@ class DepthwiseConv2dRule(ScheduleRule):
         sch.reorder(sh, sw, sc)
         box = _in_bound_box(sch.get(stage))
         fill = try_(sch.decompose_padding, stage, sh)
-        fill_name = sch.get(fill).name_hint if fill is not None else None
         if fill is not None:
             try_(sch.vectorize, sch.get_loops(fill)[-1])
+            if self.border_fill and box is not None:
+                mark_border_fill(sch, fill, box)
         cols = _copy_columns(extent(sch, sch.get_loops(stage)[-2]))
         transposed = self.transpose_load and fill is not None and cols is not None \
             and mark_transposed_stage(sch, stage, vl, cols)
@@ -281,12 +283,11 @@ class DepthwiseConv2dRule(ScheduleRule):
         note = f"depthwise-conv2d: {'packed ' if packed else ''}{t}{overlap_note}, {how}"
         sch.annotate(conv, "ascendfuse.schedule", note)
         if self.tiles is None:
+            # the rewrites no trace records (under a tuner: tuned.finish_traced makes them)
             func, rewritten = rewrite_transposed_stages(sch.mod["main"]) if transposed else (sch.mod["main"], 0)
             if rewritten:
                 note += ", input staged through register transposes"
-            bordered = 0
-            if self.border_fill and fill_name is not None and box is not None:
-                func, bordered = fill_border_only(func, fill_name, box)
+            func, bordered = rewrite_border_fills(func)
             if rewritten or bordered:
                 sch = new_schedule(tvm.IRModule({"main": func}))
         return Scheduled(sch, note)
@@ -377,47 +378,6 @@ def _in_bound_box(stage) -> tuple | None:
         else:
             return None
     return (*bounds["h"], *bounds["w"])
-
-
-def fill_border_only(func, fill_name: str, box) -> tuple:
-    """``func`` with the zero fill of the staged rows (``decompose_padding``'s block ``fill_name``, which
-    writes the whole tile before the in-bound copy overwrites most of it) storing only where the copy does
-    not: whole rows outside the input's rows, and in the others the columns left and right of it. Returns
-    (function, fills rewritten); a fill nest not of the form (rows, columns, vectorised channels) stays."""
-    row_lo, row_hi, col_lo, col_hi = box
-    done = []
-
-    def on_for(rows):
-        cols = rows.body
-        lanes = cols.body if isinstance(cols, tirx.For) else None
-        realize = lanes.body if isinstance(lanes, tirx.For) else None
-        if not isinstance(realize, s_tir.SBlockRealize) or realize.block.name_hint != fill_name \
-                or len(realize.iter_values) != 4 or not realize.iter_values[3].same_as(cols.loop_var) \
-                or not isinstance(cols.extent, tirx.IntImm) or not isinstance(cols.min, tirx.IntImm) \
-                or int(cols.min) != 0:
-            return rows
-        width = int(cols.extent)
-        dt = str(cols.extent.ty.dtype)
-        c = lambda v: tirx.IntImm(dt, v)  # noqa: E731
-        left, right = min(max(col_lo, 0), width), max(width - max(col_hi, 0), 0)
-        if left + right >= width:
-            return rows
-        # one nest (each loop and block defined once): the column loop runs over the left columns then
-        # the right ones in an input row, over all columns elsewhere
-        row, k = realize.iter_values[2], cols.loop_var
-        inside = tirx.And(tirx.LE(c(row_lo), row), tirx.LT(row, c(row_hi)))
-        column = tirx.Select(inside, k + tirx.Select(tirx.LT(k, c(left)), c(0), c(width - right - left)), k)
-        new_realize = s_tir.SBlockRealize([*realize.iter_values[:3], column], realize.predicate, realize.block)
-        new_lanes = tirx.For(lanes.loop_var, lanes.min, lanes.extent, lanes.kind, new_realize,
-                             lanes.thread_binding, dict(lanes.annotations))
-        new_cols = tirx.For(k, cols.min, tirx.Select(inside, c(left + right), c(width)), cols.kind, new_lanes,
-                            cols.thread_binding, dict(cols.annotations))
-        done.append(fill_name)
-        return tirx.For(rows.loop_var, rows.min, rows.extent, rows.kind, new_cols, rows.thread_binding,
-                        dict(rows.annotations))
-
-    out = tvm_ffi.structural_map(func, (tirx.For, on_for))
-    return out, len(done)
 
 
 def extent_of(dim) -> int | None:
