@@ -96,6 +96,15 @@ DW_SHAPES = {
     "dw_72_56_3_relu": (72, 56, 3, 1, "relu"),       # MNASNet: 72 and 120 channels, 8 a vector on AVX-512
     "dw_80_56_3_relu": (80, 56, 3, 1, "relu"),       # (not in a model: 72's neighbour that 16 divides)
     "dw_120_28_5_relu": (120, 28, 5, 1, "relu"),
+    "dw_48_112_3_s2_relu": (48, 112, 3, 2, "relu"),  # MNASNet's first stride-2 depthwise (112 -> 56)
+    "dw_72_56_5_s2_relu": (72, 56, 5, 2, "relu"),    # MNASNet 56 -> 28
+    "dw_480_14_5_relu": (480, 14, 5, 1, "relu"),     # MNASNet
+    "dw_1152_7_5_relu": (1152, 7, 5, 1, "relu"),     # MNASNet's last stage: 49 pixels a channel
+    "dw_58_28_3": (58, 28, 3, 1, "none"),            # ShuffleNetV2 x1.0: 58, 116, 232 channels (BN, no act)
+    "dw_116_28_3_s2": (116, 28, 3, 2, "none"),
+    "dw_116_14_3": (116, 14, 3, 1, "none"),
+    "dw_232_7_3": (232, 7, 3, 1, "none"),
+    "dw_200_14_3_hswish": (200, 14, 3, 1, "hardswish"),  # MobileNetV3-Large: 200 and 184 channels
 }
 SHAPES.update({n: (c, c, hw, k, s, e, 0) for n, (c, hw, k, s, e) in DW_SHAPES.items()})
 

@@ -198,11 +198,12 @@ def _source_func(res, name: str, row: dict):
 
 def conv_key(func) -> tuple | None:
     """(data shape, weight shape) of a conv kernel: the first 4-D parameter followed by an OIHW weight whose
-    I equals the data's channels. Only used to line our kernels up with ORT's Conv nodes."""
+    I equals the data's channels, or a depthwise weight (one input channel, O equal to the data's channels).
+    Only used to line our kernels up with ORT's Conv nodes."""
     shapes = [tuple(int(d) for d in p.ty.shape) for p in func.params
               if isinstance(p.ty, tirx.BufferType) and all(isinstance(d, tirx.IntImm) for d in p.ty.shape)]
     for a, b in zip(shapes, shapes[1:]):
-        if len(a) == 4 and len(b) == 4 and b[1] == a[1]:
+        if len(a) == 4 and len(b) == 4 and (b[1] == a[1] or (b[1] == 1 and b[0] == a[1])):
             return a, b
     return None
 
@@ -258,7 +259,8 @@ def compare_with_ort(kernels: list[KernelRow], ort_nodes: list[dict]) -> list[tu
     rows = []
     for key, (ms, calls, rules) in sorted(ours.items(), key=lambda kv: -kv[1][0]):
         (d, w) = key
-        what = (f"{'/'.join(sorted(rules))} x{calls}: {w[2]}x{w[3]} conv {d[1]}->{w[0]} on {d[2]}x{d[3]}")
+        kind = "depthwise conv" if w[1] == 1 and d[1] == w[0] > 1 else "conv"
+        what = (f"{'/'.join(sorted(rules))} x{calls}: {w[2]}x{w[3]} {kind} {d[1]}->{w[0]} on {d[2]}x{d[3]}")
         rows.append((what, ms, theirs.get(key)))
     rows += [(f"ORT {op} node(s) (ours: inside the conv/pool/matmul kernels above)", None, ms)
              for op, ms in other.items()]

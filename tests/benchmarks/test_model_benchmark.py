@@ -209,3 +209,12 @@ def test_a_subgraph_reaching_past_the_kernel_is_refused():
     assert pk.same_ops_summary(0.5, rows)["ratio"] == 0.5
     s = pk.same_ops_summary(0.5, rows, kernel_ops=["concatenate"])
     assert s["ratio"] is None and s["matched"] == 0 and "twin" in s["why"]
+
+
+def test_conv_keys_line_up_dense_and_depthwise_convs_with_ort(compiled):
+    """Each conv kernel is keyed (data shape, weight shape) like ORT's Conv nodes, the depthwise one (weight
+    C x 1 x KH x KW) included, so the per-class table sets ours beside ORT's node time for both."""
+    _, _, info = compiled
+    keys = {tuple(tuple(s) for s in v["conv_key"]) for v in info.values() if v["conv_key"] is not None}
+    assert ((1, 8, 12, 12), (8, 8, 3, 3)) in keys
+    assert ((1, 8, 12, 12), (8, 1, 3, 3)) in keys

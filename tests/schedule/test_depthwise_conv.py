@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax import op
 
@@ -172,13 +173,84 @@ AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
                                            ((1, 72, 14, 14), NATIVE, "hardswish"),  # MNASNet/MobileNetV3's 72
                                            ((1, 32, 16, 16), AVX2, "silu")])        # AVX2: 8 lanes
 def test_eight_lane_blocks_go_through_register_transposes(xs, host, act):
-    """Channel blocks of 8 (a count 16 does not divide, or an AVX2 host) stage the input and store the output
-    through 8x8 register transposes like the 16-lane blocks, exactly; 8 and 7 columns."""
+    """Channel blocks of 8 (a count 16 does not divide, with the overlapping blocks off, or an AVX2 host)
+    stage the input and store the output through 8x8 register transposes like the 16-lane blocks, exactly; 8
+    and 7 columns."""
     func = dw_kernel(xs, 3, 1, None, 1, act).with_attr("layout_free_buffers", [1])
-    mod, note = check_rule(DepthwiseConv2dRule(), func, host=host, with_note=True)
+    mod, note = check_rule(DepthwiseConv2dRule(overlap=False), func, host=host, with_note=True)
     assert "8ch" in note
     assert "input staged through register transposes" in note
     assert "NCHW store through register transposes" in note
+
+
+OVERLAP_CASES = {
+    # name: (x shape, kernel, stride, epilogue); channel counts 16 does not divide, as the models have them
+    "shufflenet_58": ((1, 58, 14, 14), 3, 1, None),         # 2 lanes before: 4 blocks, the last from 42
+    "shufflenet_116_s2": ((1, 116, 15, 15), 3, 2, None),    # 4 lanes before
+    "mnasnet_72_5x5_s2": ((1, 72, 13, 13), 5, 2, "relu"),
+    "mbv3_120_5x5": ((1, 120, 10, 10), 5, 1, "hardswish"),
+    "mbv3_200_silu": ((1, 200, 7, 7), 3, 1, "silu"),
+    "residual_24": ((1, 24, 8, 16), 3, 1, "residual"),      # the residual read at the block's own channels
+    "relu6_40": ((1, 40, 10, 10), 3, 1, "relu6_max_min"),
+}
+
+
+@pytest.mark.parametrize("name", list(OVERLAP_CASES))
+@pytest.mark.parametrize("packed", [True, False])
+def test_overlapping_channel_blocks(name, packed):
+    """Channels no full vector divides run as full 16-lane blocks, the last one pulled back to end at the
+    last channel (it recomputes channels of the block before it, the same values): exact against the
+    unscheduled kernel, with a constant weight packed once (a slot-indexed copy marked for the compile-time
+    pre-packing) and with a weight passed at run time; switched off, the narrower blocks come back."""
+    xs, k, stride, act = OVERLAP_CASES[name]
+    func = dw_kernel(xs, k, stride, None, 1, act)
+    if packed:
+        func = func.with_attr("layout_free_buffers", [1])
+    mod, note = check_rule(DepthwiseConv2dRule(), func, host=NATIVE, with_note=True)
+    assert "packed 16ch" in note and f"{xs[1]} channels as overlapping full-vector blocks" in note
+    assert ("layout_rewrite_preproc" in mod.script()) is packed
+    assert "NCHW store through register transposes" in note
+    _, off = check_rule(DepthwiseConv2dRule(overlap=False), func, host=NATIVE, with_note=True)
+    assert "16ch" not in off and "overlapping" not in off
+
+
+@pytest.mark.parametrize("host, lanes", [(AVX2, 8), (HOST, 4)])
+def test_overlapping_channel_blocks_follow_the_host_vector(host, lanes):
+    """On AVX2 (8 lanes) and a portable SSE host (4 lanes) the blocks are that host's full vector: 58 channels
+    as 8 blocks of 8 and 15 of 4, exact."""
+    func = dw_kernel((1, 58, 12, 12), 3, 1, None, 1, "relu6").with_attr("layout_free_buffers", [1])
+    _, note = check_rule(DepthwiseConv2dRule(), func, host=host, with_note=True)
+    assert f"packed {lanes}ch" in note and "overlapping" in note
+
+
+def test_overlap_left_out_where_it_does_not_apply():
+    """Fewer channels than a vector (nothing to fill), a symbolic batch and a
+    channels-last output keep the kernel as it was, still exact."""
+    n = tirx.Var("n", "int64")
+    for func, sizes in ((dw_kernel((1, 12, 9, 9), 3, 1, None, 1, "relu"), None),
+                        (dw_kernel((n, 24, 9, 9), 3, 1, None, 1, "relu6"), {"n": 2}),
+                        (dw_kernel((1, 24, 14, 14), 7, 1, None, 1, "nhwc"), None)):
+        _, note = check_rule(DepthwiseConv2dRule(), func, host=NATIVE, sizes=sizes, with_note=True)
+        assert "overlapping" not in note
+
+
+@pytest.mark.parametrize("xs, k, stride, pad", [((1, 32, 16, 16), 3, 1, None),
+                                                ((1, 48, 22, 22), 3, 2, None),             # only the left column
+                                                ((1, 16, 9, 10), 3, 1, (0, 1, 2, 1)),      # asymmetric
+                                                ((1, 72, 13, 13), 5, 2, None),             # overlapping blocks
+                                                ((1, 16, 9, 9), 3, 1, (0, 0, 0, 0))])      # nothing to fill
+def test_zero_fill_only_on_the_border(xs, k, stride, pad):
+    """The staged rows' zero fill stores only what the in-bound copy leaves: whole rows above and below the
+    input, the left and right columns in its rows (the fill's column loop runs over a row-dependent count);
+    exact; switched off, the fill covers the whole tile."""
+    func = dw_kernel(xs, k, stride, pad, 1, "relu").with_attr("layout_free_buffers", [1])
+    for border in (True, False):
+        rule = DepthwiseConv2dRule(border_fill=border)
+        mod = check_rule(rule, func, host=NATIVE)
+        row_dependent = []
+        tvm_ffi.structural_walk(mod["main"], (tirx.For, lambda lp: row_dependent.append(lp)
+                                              if isinstance(lp.extent, tirx.Select) else None))
+        assert bool(row_dependent) is (border and pad != (0, 0, 0, 0))
 
 
 def test_tiles_from_usable_ub():

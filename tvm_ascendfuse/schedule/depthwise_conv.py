@@ -25,6 +25,11 @@ the kernel, the graph stays NCHW):
   (``transpose.transpose_to_nchw``); an epilogue whose output is channels-last (ConvNeXt's transpose) stores
   the vectors as they are.
 
+Channel counts no full vector divides (ShuffleNetV2's 58/116/232, MobileNetV3's 72/120/200/184) run as full
+vectors too: the last channel block starts at C - vl and recomputes part of the block before it
+(``channel_overlap.py``, a rewrite of the kernel before tiling; not with an SE pool in the kernel, a
+channels-last output or a symbolic batch, which keep the widest power-of-two vector dividing C).
+
 Sizes come from the target: the staged input rows, the weight tile, the accumulator and the epilogue tile,
 double-buffered, within usable UB (``choose_depthwise_tiles``).
 """
@@ -42,6 +47,8 @@ from .analysis import LOAD, GroupedConvBlock, has_reduce, match_depthwise_conv2d
 from .base import UB_SCOPE, Declined, ScheduleRule, Scheduled
 from .common import new_schedule, as_target, extent, ok, root_blocks, still_exists, try_, vectorize_inner
 from .fast_math import use_fast_math
+from .border_fill import mark_border_fill, rewrite_border_fills
+from .channel_overlap import OVERLAP_STORE_BLOCK, overlap_channel_blocks, overlapped_blocks, pack_overlap_weight
 from .hostvec import HostVector, host_vector
 from .layout import mark_prepack, packable_param
 from .plane_pool import schedule_plane_pool, split_plane_pool
@@ -151,7 +158,9 @@ class DepthwiseConv2dRule(ScheduleRule):
     tunable = True
 
     def __init__(self, transpose_store: bool = True, transpose_load: bool = True, prepack: bool = True,
-                 tiles=None, unroll_epilogue: bool = True):
+                 tiles=None, unroll_epilogue: bool = True, overlap: bool = True, border_fill: bool = True):
+        self.overlap = overlap
+        self.border_fill = border_fill
         self.unroll_epilogue = unroll_epilogue
         self.transpose_store = transpose_store
         self.transpose_load = transpose_load
@@ -182,12 +191,13 @@ class DepthwiseConv2dRule(ScheduleRule):
             pool_note = schedule_plane_pool(sch, blocks[ri:], hv.lanes(match_depthwise_conv2d(
                 sch, blocks[ci]).out_dtype))
             blocks = blocks[:ri]
-        result = self._schedule(sch, blocks, ci, match_depthwise_conv2d(sch, blocks[ci]), as_target(target), hv)
+        result = self._schedule(sch, blocks, ci, match_depthwise_conv2d(sch, blocks[ci]), as_target(target), hv,
+                                overlap=self.overlap and ri is None)
         if isinstance(result, Scheduled) and pool_note:
             return Scheduled(result.sch, f"{result.note}, {pool_note}")
         return result
 
-    def _schedule(self, sch, blocks, ci, info: GroupedConvBlock, target, hv: HostVector):
+    def _schedule(self, sch, blocks, ci, info: GroupedConvBlock, target, hv: HostVector, overlap: bool = False):
         conv = info.block
         stage = _prologue(sch, blocks[:ci], conv, info)
         if stage is None:
@@ -198,6 +208,15 @@ class DepthwiseConv2dRule(ScheduleRule):
             return Declined("an epilogue block cannot run per output tile (it changes the shape, selects by "
                             "index like a concat, or is an intermediate the kernel also outputs)")
         layout = _output_layout(sch, epilogue[-1], sch.get(conv).writes[0].source)
+        store, overlap_note = None, ""
+        if overlap and layout == "nchw" and self.tiles is None:
+            # (not under a tuner: the rewrite makes a new schedule, which a trace cannot record)
+            channels = extent(sch, sch.get_loops(conv)[1])
+            moved = _overlap_blocks(sch, stage, conv, epilogue[-1], info, hv)
+            if moved is not None:
+                sch, stage, conv, last, store, info = moved
+                epilogue = [last]
+                overlap_note = f", {channels} channels as overlapping full-vector blocks"
         n, f, y, x, rc, ry, rx = sch.get_loops(conv)
         channels, oh, ow = extent(sch, f), extent(sch, y), extent(sch, x)
         padded = [extent_of(d) for d in sch.get(stage).writes[0].source.ty.shape]
@@ -221,7 +240,9 @@ class DepthwiseConv2dRule(ScheduleRule):
         tile = sch.fuse(n, f0, y0)
         # weights: (C/vl, 1, KH, KW, vl)
         packed = False
-        if self.prepack and packable_param(sch, info.weight_buf) is not None:
+        if store is not None:
+            packed = True       # the slot-indexed weight copy is laid out (C/vl, 1, KH, KW, vl) already
+        elif self.prepack and packable_param(sch, info.weight_buf) is not None:
             mark_prepack(sch, conv, info.weight_read, lambda c, r, h, w: (c // vl, r, h, w, c % vl))
             packed = True
         else:
@@ -237,16 +258,19 @@ class DepthwiseConv2dRule(ScheduleRule):
         sch.compute_at(stage, tile, preserve_unit_loops=True)
         sc, sh, sw = sch.get_loops(stage)[-3:]
         sch.reorder(sh, sw, sc)
+        box = _in_bound_box(sch.get(stage))
         fill = try_(sch.decompose_padding, stage, sh)
         if fill is not None:
             try_(sch.vectorize, sch.get_loops(fill)[-1])
+            if self.border_fill and box is not None:
+                mark_border_fill(sch, fill, box)
         cols = _copy_columns(extent(sch, sch.get_loops(stage)[-2]))
         transposed = self.transpose_load and fill is not None and cols is not None \
             and mark_transposed_stage(sch, stage, vl, cols)
         if not transposed:
             try_(sch.vectorize, sch.get_loops(stage)[-1])     # one lane-strided load per element
         # epilogue per register block
-        how = self._epilogue_at(sch, epilogue[-1], layout, x0, vl)
+        how = self._epilogue_at(sch, epilogue[-1], layout, x0, vl, store)
         sch.vectorize(f1)
         try_(sch.unroll, x1)
         try_(sch.unroll, rx)
@@ -256,20 +280,29 @@ class DepthwiseConv2dRule(ScheduleRule):
         il = sch.get_loops(init)
         try_(sch.vectorize, il[-1])
         try_(sch.unroll, il[-2])
-        note = f"depthwise-conv2d: {'packed ' if packed else ''}{t}, {how}"
+        note = f"depthwise-conv2d: {'packed ' if packed else ''}{t}{overlap_note}, {how}"
         sch.annotate(conv, "ascendfuse.schedule", note)
-        if transposed and self.tiles is None:
-            func, rewritten = rewrite_transposed_stages(sch.mod["main"])
+        if self.tiles is None:
+            # the rewrites no trace records (under a tuner: tuned.finish_traced makes them)
+            func, rewritten = rewrite_transposed_stages(sch.mod["main"]) if transposed else (sch.mod["main"], 0)
             if rewritten:
-                sch = new_schedule(tvm.IRModule({"main": func}))
                 note += ", input staged through register transposes"
+            func, bordered = rewrite_border_fills(func)
+            if rewritten or bordered:
+                sch = new_schedule(tvm.IRModule({"main": func}))
         return Scheduled(sch, note)
 
-    def _epilogue_at(self, sch, last, layout, x0, vl) -> str:
-        """Place the epilogue per register block; returns how its output is stored."""
+    def _epilogue_at(self, sch, last, layout, x0, vl, store=None) -> str:
+        """Place the epilogue per register block; returns how its output is stored. ``store``: the copy of
+        overlapping channel blocks to the output (``channel_overlap``), which takes the place of the
+        epilogue's cache write."""
         if layout == "nchw" and vl > 1:
             # epilogue on NCHW[vl]c vectors into a UB tile, stored to NCHW through register transposes
-            out = sch.cache_write(last, 0, UB_SCOPE)
+            if store is not None:
+                out = store
+                sch.set_scope(last, 0, UB_SCOPE)
+            else:
+                out = sch.cache_write(last, 0, UB_SCOPE)
             sch.transform_layout(last, ("write", 0), lambda a, c, h, w: (a, c // vl, h, w, c % vl))
             sch.reverse_compute_at(last, x0)
             sch.reverse_compute_at(out, x0)
@@ -287,6 +320,64 @@ class DepthwiseConv2dRule(ScheduleRule):
         sch.reverse_compute_at(last, x0)
         vectorize_inner(sch, last, vl)
         return "channels-last store" if layout == "nhwc" else "store as the epilogue indexes"
+
+
+def _overlap_blocks(sch, stage, conv, last, info: GroupedConvBlock, hv: HostVector):
+    """The kernel rewritten to run overlapping full-vector channel blocks (``channel_overlap``) when the
+    channel count is no multiple of the host's full vector: (schedule, stage, conv, last epilogue block,
+    output store block, conv info) of the rewritten kernel, or None to keep it as it is."""
+    lanes = min(MAX_LANES, hv.lanes(info.out_dtype))
+    channels = extent(sch, sch.get_loops(conv)[1])
+    if channels is None or overlapped_blocks(channels, lanes) is None:
+        return None
+    names = [sch.get(b).name_hint for b in (stage, conv, last)]
+    func = sch.mod["main"]
+    new = overlap_channel_blocks(func, *names, info.weight_buf, lanes)
+    if new is None:
+        return None
+    sch = new_schedule(tvm.IRModule({"main": new}))
+    stage, conv, last = (sch.get_sblock(n) for n in names)
+    weight = info.weight_buf
+    info = match_depthwise_conv2d(sch, conv)
+    if info is None:
+        return None
+    pack_overlap_weight(sch, new, weight, lanes)
+    return sch, stage, conv, last, sch.get_sblock(OVERLAP_STORE_BLOCK), info
+
+
+def _in_bound_box(stage) -> tuple | None:
+    """(first row, end row, first column, end column) of the staged (padded) rows the input fills, from the
+    padding block's ``if_then_else(lo <= h < hi and lo <= w < hi, X[...], 0)``; None in any other form."""
+    store = stage.body
+    value = store.value if isinstance(store, tirx.BufferStore) else None
+    if not (isinstance(value, tvm.ir.expr.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == "prim.if_then_else") or len(stage.iter_vars) != 4:
+        return None
+    h, w = stage.iter_vars[2].var, stage.iter_vars[3].var
+    ext = [stage.iter_vars[2].dom.extent, stage.iter_vars[3].dom.extent]
+    if not all(isinstance(e, tirx.IntImm) for e in ext):
+        return None
+    bounds = {"h": [0, int(ext[0])], "w": [0, int(ext[1])]}
+    terms, todo = [], [value.args[0]]
+    while todo:
+        t = todo.pop()
+        if isinstance(t, tirx.And):
+            todo += [t.a, t.b]
+        else:
+            terms.append(t)
+    for t in terms:
+        if not isinstance(t, (tirx.LT, tirx.LE)):
+            return None
+        for var, key in ((h, "h"), (w, "w")):
+            if t.b.same_as(var) and isinstance(t.a, tirx.IntImm):        # lo <= v (or lo < v)
+                bounds[key][0] = int(t.a) + (1 if isinstance(t, tirx.LT) else 0)
+                break
+            if t.a.same_as(var) and isinstance(t.b, tirx.IntImm):        # v < hi (or v <= hi)
+                bounds[key][1] = int(t.b) + (1 if isinstance(t, tirx.LE) else 0)
+                break
+        else:
+            return None
+    return (*bounds["h"], *bounds["w"])
 
 
 def extent_of(dim) -> int | None:

@@ -200,11 +200,14 @@ def tile_decision(record) -> int | None:
 
 def finish_traced(sch):
     """A traced schedule as the kernel the rule would have built: the rewrites a trace cannot record (the
-    depthwise rule's register-transposed input copies, ``transpose.rewrite_transposed_stages``) applied to
-    the copies the schedule marked for them. Used on a record's schedule and on every measured candidate."""
+    depthwise rule's register-transposed input copies, ``transpose.rewrite_transposed_stages``, and its
+    border-only zero fills, ``border_fill.rewrite_border_fills``) applied to the blocks the schedule marked
+    for them. Used on a record's schedule and on every measured candidate."""
     from tvm import s_tir
 
+    from .border_fill import rewrite_border_fills
     from .transpose import rewrite_transposed_stages
 
     func, rewritten = rewrite_transposed_stages(sch.mod["main"])
-    return new_schedule(tvm.IRModule({"main": func})) if rewritten else sch
+    func, bordered = rewrite_border_fills(func)
+    return new_schedule(tvm.IRModule({"main": func})) if rewritten or bordered else sch
