@@ -532,3 +532,21 @@ def test_patch_unfold_epilogue_writes_every_element(name):
     func = func.with_attr("layout_free_buffers", [1])
     # check_rule starts every output from random values: an element the schedule leaves unwritten differs
     check_rule(Conv2dRule(), func, host=NATIVE)
+
+
+@pytest.mark.parametrize("xs,ws,pad,cols", [
+    ((1, 64, 13, 13), (256, 64, 1, 1), 0, 13),     # SqueezeNet's expand 1x1 on 13x13: the plane's channel chunks
+    ((1, 16, 13, 13), (64, 16, 3, 3), 1, 13),      # its 3x3 sibling: one 13-column register block a row
+    ((1, 16, 9, 55), (64, 16, 3, 3), 1, 11),       # 55 = 5 x 11 columns: 11-column register blocks
+])
+def test_prime_widths_store_through_two_transposes(xs, ws, pad, cols):
+    """Rows of 11 or 13 columns (no store transpose of 8 or fewer columns divides them; the NCHW-order epilogue
+    ran on single columns, scalar) run the epilogue on channel vectors and store through one transpose of two
+    8-column halves; the unscheduled kernel's numbers on the AVX-512 (16 lanes) and AVX2 (8 lanes) hosts."""
+    func = fused_kernel(conv_bias_act(1, pad, "relu"), [xs, ws, (1, ws[0], 1, 1)]).with_attr(
+        "layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    assert f"{LANE_EPILOGUE}, {cols}-column store transposes" in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
+    avx2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+    check_rule(Conv2dRule(), func, host=avx2)

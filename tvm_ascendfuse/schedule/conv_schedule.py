@@ -641,7 +641,8 @@ def _lane_epilogue_columns(opts: ConvOptions, sch, last, acc, out_shape, per_reg
     rows of a small plane's channel chunks): there an activation like SiLU (an exp and a divide) ran nearly
     scalar. On channel vectors it runs on full host vectors (the bias is one vector load per channel
     block), and the result reaches NCHW through the output-side register transpose (the largest divisor of
-    the register block's or the row's columns up to 8).
+    the register block's or the row's columns up to 8; a prime width of 11 or 13, SqueezeNet's 13x13 planes
+    and 55 = 5 x 11, all its columns in two 8-column halves).
     Applies when that transpose exists for the tile, the last epilogue block writes the accumulator's
     element at the same NCHW indices, and the epilogue reads no other tensor along the columns (a residual
     read on channel vectors is a lane-strided gather: those keep the NCHW order) unless the NCHW order would
@@ -658,6 +659,8 @@ def _lane_epilogue_columns(opts: ConvOptions, sch, last, acc, out_shape, per_reg
             and _arith_ops(sch, last) * (t.vl // width - 1) <= LANE_PASS_OPS:
         return None
     cols = next((d for d in range(min(width, 8), 1, -1) if width % d == 0), None)
+    if cols is None and 8 < width <= 16:
+        cols = width        # a prime width (11, 13): one transpose of two 8-column halves
     if cols is None or out_transpose_intrin(str(acc.ty.dtype), cols, t.vl) is None:
         return None
     if not _writes_like(sch, last, out_shape) or (opts.lane_epilogue != "always"
