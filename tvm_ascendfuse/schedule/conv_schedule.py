@@ -232,6 +232,9 @@ class ConvOptions:
     # epilogue on channel vectors, stored through the output transpose (_lane_epilogue_columns): True where
     # the NCHW-order epilogue would read the accumulator lane-strided, "always" also for 8-column blocks
     lane_epilogue: bool | str = True
+    # the parallel loop over (batch, output channel blocks) only, every task computing whole planes of its
+    # channels (rows stay in the task): a pool over the plane behind the conv sums them in the same task
+    whole_planes: bool = False
     # ``tiles(sch, default, candidates)``, when given, picks the ConvChoice to use (a tuner samples one of
     # ``candidates()``, see ``tunable.py``); without it the schedule makes its own choice
     tiles: object = None
@@ -509,7 +512,7 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         sch.parallel(task)
         sch.compute_at(pads_left[0], task)
     else:
-        sch.parallel(sch.fuse(n, f0, yy))
+        sch.parallel(sch.fuse(n, f0) if opts.whole_planes else sch.fuse(n, f0, yy))
         for b in pro:
             if icb is None and still_exists(sch, b):   # the padded input, once at the root: parallel
                 if not (opts.concat_parts and _stage_parts_by_rows(sch, b, lanes, hv.cores)):
