@@ -532,3 +532,37 @@ def test_patch_unfold_epilogue_writes_every_element(name):
     func = func.with_attr("layout_free_buffers", [1])
     # check_rule starts every output from random values: an element the schedule leaves unwritten differs
     check_rule(Conv2dRule(), func, host=NATIVE)
+
+
+@pytest.mark.parametrize("xs,ws,pad,cols", [
+    ((1, 64, 13, 13), (256, 64, 1, 1), 0, 13),     # SqueezeNet's expand 1x1 on 13x13: the plane's channel chunks
+    ((1, 16, 13, 13), (64, 16, 3, 3), 1, 13),      # its 3x3 sibling: one 13-column register block a row
+    ((1, 16, 9, 55), (64, 16, 3, 3), 1, 11),       # 55 = 5 x 11 columns: 11-column register blocks
+])
+def test_prime_widths_store_through_two_transposes(xs, ws, pad, cols):
+    """Rows of 11 or 13 columns (no store transpose of 8 or fewer columns divides them; the NCHW-order epilogue
+    ran on single columns, scalar) run the epilogue on channel vectors and store through one transpose of two
+    8-column halves; the unscheduled kernel's numbers on the AVX-512 (16 lanes) and AVX2 (8 lanes) hosts."""
+    func = fused_kernel(conv_bias_act(1, pad, "relu"), [xs, ws, (1, ws[0], 1, 1)]).with_attr(
+        "layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    assert f"{LANE_EPILOGUE}, {cols}-column store transposes" in Conv2dRule().apply(func, NPU, avx512).mod.script()
+    check_rule(Conv2dRule(), func, host=NATIVE)
+    avx2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+    check_rule(Conv2dRule(), func, host=avx2)
+
+
+@pytest.mark.parametrize("xs,ws", [((1, 16, 15, 55), (64, 16, 1, 1)), ((1, 64, 15, 55), (16, 64, 1, 1))])
+def test_pointwise_conv_on_55_wide_rows_takes_11_columns_and_reads_its_input_in_place(xs, ws):
+    """SqueezeNet's 1x1 convs at 55x55: 1 x 11 register blocks (stored through the 11-column transpose)
+    instead of 1 x 5, and the input read in place (no 8-column input transpose divides the row, so its
+    NCHW[16]c staging was a lane-by-lane gather) on AVX-512; the unscheduled kernel's numbers there, on
+    AVX2 (8 accumulators: no 11-column block) and on the portable host."""
+    func = fused_kernel(conv_bias_act(1, 0, "relu"), [xs, ws, (1, ws[0], 1, 1)]).with_attr(
+        "layout_free_buffers", [1])
+    avx512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    text = Conv2dRule().apply(func, NPU, avx512).mod.script()
+    assert "ConvTiles(vl=16, ocr=1, owr=11)" in text and "11-column store transposes" in text
+    assert "pad_temp" not in text         # no staged copy of the input
+    for host in (NATIVE, tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"}), HOST):
+        check_rule(Conv2dRule(), func, host=host)

@@ -363,3 +363,52 @@ def test_pool_behind_a_conv_reads_its_channel_vectors(case):
         kernel = [shape for shape, scope in _kernel_buffers(mod) if scope == "global"]     # (and the padded input)
         assert [s for s in kernel if len(s) == 5 and s[1] * s[4] == oc and s[4] == lanes], (host, kernel)
         assert not [s for s in kernel if len(s) == 4 and s[1] == oc], (host, kernel)
+
+
+def silu_head(x, w, b):
+    """EfficientNet's head: conv 1x1 + bias + SiLU + global mean + flatten."""
+    y = op.add(op.nn.conv2d(x, w), b)
+    return _flat(op.mean(op.multiply(y, op.sigmoid(y)), axis=[2, 3], keepdims=True))
+
+
+@pytest.mark.parametrize("case", [
+    (fire_classifier, [(1, 16, 13, 13), (1, 16, 13, 13), (200, 32, 1, 1), (1, 200, 1, 1)]),  # padded on AVX-512
+    (classifier, [(1, 48, 13, 13), (256, 48, 1, 1), (1, 256, 1, 1)]),
+    (classifier, [(2, 96, 7, 7), (128, 96, 1, 1), (1, 128, 1, 1)]),                      # batch 2, 2 vectors
+    (silu_head, [(1, 64, 7, 7), (256, 64, 1, 1), (1, 256, 1, 1)]),
+])
+def test_global_mean_summed_from_the_conv_accumulator(case):
+    """A global mean behind a conv whose epilogue reads only per-channel tensors is summed in the conv's
+    own task from its accumulator tile: the conv's result (padded or not) is never stored as a plane (no
+    4-d or 5-d buffer of its channels outside UB); same numbers as the unscheduled kernel on the AVX-512, AVX2
+    and portable hosts."""
+    build, shapes = case
+    oc, plane = shapes[-1][1], shapes[0][2:]
+    for host in (NATIVE, AVX2_HOST, HOST):
+        func = fused_kernel(build, shapes).with_attr("layout_free_buffers", [len(shapes) - 2])
+        mod = check_rule(PoolRule(), func, host=host)
+        lanes = host_vector(host).lanes("float32")
+        assert f"plane pool from the conv's accumulator tile, {lanes} channel lanes" in mod.script(), host
+        # (the conv's input, staged, has fewer channels than its output in these cases)
+        planes = [s for s, scope in _kernel_buffers(mod) if scope == "global" and len(s) in (4, 5)
+                  and s[2:4] == plane and s[1] * (s[4] if len(s) == 5 else 1) >= oc]
+        assert not planes, (host, planes)
+
+
+def test_global_mean_behind_a_conv_of_few_channel_blocks_keeps_the_blocked_path():
+    """A conv of few output channel blocks on a large plane (a task a block of rows there) would leave
+    cores idle with whole planes per task, and its plane does not fit UB: the pool keeps the blocked
+    hand-off, with the same numbers."""
+    def build(x, w, b):
+        y = op.nn.relu(op.add(op.nn.conv2d(x, w, padding=[1] * 4), b))
+        return _flat(op.mean(y, axis=[2, 3], keepdims=True))
+
+    for host in (NATIVE, HOST):
+        mod = check_rule(PoolRule(), fused_kernel(build, [(1, 8, 40, 40), (32, 8, 3, 3), (1, 32, 1, 1)]), host=host)
+        assert "accumulator tile" not in mod.script()
+
+
+def test_global_mean_behind_a_residual_keeps_the_blocked_path():
+    """A residual read along the plane is not inlined into the channel-vector sums (a gather a pixel)."""
+    func = fused_kernel(head, [(1, 16, 7, 7), (48, 16, 1, 1), (1, 48, 1, 1), (1, 48, 7, 7)])
+    assert "accumulator tile" not in check_rule(PoolRule(), func, host=NATIVE).script()

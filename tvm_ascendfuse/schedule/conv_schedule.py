@@ -178,6 +178,23 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
 
 # input channels from which a pointwise conv whose row the one-vector block does not divide takes two vectors
 POINTWISE_TWO_VECTOR_IC = 256
+# columns of the input-side register transpose (transpose.transpose_load): a row it does not divide is staged
+# NCHW[vl]c lane by lane
+IN_TRANSPOSE_COLS = 8
+
+
+def _prime_row_block(t: ConvTiles, ow: int, dtype: str, hv: HostVector) -> ConvTiles | None:
+    """One full vector x 11 or 13 columns for a pointwise conv whose one-vector block has fewer columns than
+    half the accumulators because OW's divisors skip from a few to 11 or 13 (55 = 5 x 11; 13x13 planes take
+    the channel chunks instead), else None. Such a row block stores through one transpose of two 8-column
+    halves (``transpose.py``), and the conv then reads its NCHW input in place: no 8-column input transpose
+    divides such a row, so staging it NCHW[vl]c was a lane-by-lane gather of the whole input. Measured on a
+    2-core Zen 5 (one thread, own processes alternating, loaded machine): SqueezeNet's 1x1 16->64 and 64->16
+    on 55x55 0.063 -> 0.043 and 0.074 -> 0.031 ms against 1 x 5 columns on the staged input."""
+    if t.ocr != 1 or t.vl != hv.lanes(dtype) or 2 * t.owr >= hv.accumulators:
+        return None
+    owr = next((p for p in (13, 11) if ow % p == 0 and p <= hv.accumulators), None)
+    return None if owr is None else ConvTiles(t.vl, 1, owr)
 
 # accumulators a register block without a column tail may hold beyond ``HostVector.accumulators``: with 32
 # zmm registers, 2 x 9 (18) still left the weight vectors and the broadcast in registers (measured fastest
@@ -234,6 +251,9 @@ class ConvOptions:
     # epilogue on channel vectors, stored through the output transpose (_lane_epilogue_columns): True where
     # the NCHW-order epilogue would read the accumulator lane-strided, "always" also for 8-column blocks
     lane_epilogue: bool | str = True
+    # the parallel loop over (batch, output channel blocks) only, every task computing whole planes of its
+    # channels (rows stay in the task): a pool over the plane behind the conv sums them in the same task
+    whole_planes: bool = False
     # ``tiles(sch, default, candidates)``, when given, picks the ConvChoice to use (a tuner samples one of
     # ``candidates()``, see ``tunable.py``); without it the schedule makes its own choice
     tiles: object = None
@@ -388,6 +408,9 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         t = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), columns_first=True)
     elif plane is None and kw == 1 and extent_of(info.weight_buf.ty.shape[2]) == 1:
         t = choose_conv_tiles(oc, ow, info.out_dtype, hv, as_target(target), pointwise=True, ic=ic)
+        prime = _prime_row_block(t, ow, info.out_dtype, hv) if opts.transpose and opts.transpose_input else None
+        if prime is not None and len(pad_blocks) == 1 and (icb is None or ow % IN_TRANSPOSE_COLS):
+            t, icb = prime, None
     for b in pro:
         if icb is None and still_exists(sch, b) and _is_plain_copy(sch, b) and \
                 _SUBSAMPLE not in sch.get(b).annotations:
@@ -521,7 +544,7 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
         sch.parallel(task)
         sch.compute_at(pads_left[0], task)
     else:
-        sch.parallel(sch.fuse(n, f0, yy))
+        sch.parallel(sch.fuse(n, f0) if opts.whole_planes else sch.fuse(n, f0, yy))
         for b in pro:
             if icb is None and still_exists(sch, b):   # the padded input, once at the root: parallel
                 if not (opts.concat_parts and _stage_parts_by_rows(sch, b, lanes, hv.cores)):
@@ -653,7 +676,8 @@ def _lane_epilogue_columns(opts: ConvOptions, sch, last, acc, out_shape, per_reg
     rows of a small plane's channel chunks): there an activation like SiLU (an exp and a divide) ran nearly
     scalar. On channel vectors it runs on full host vectors (the bias is one vector load per channel
     block), and the result reaches NCHW through the output-side register transpose (the largest divisor of
-    the register block's or the row's columns up to 8).
+    the register block's or the row's columns up to 8; a prime width of 11 or 13, SqueezeNet's 13x13 planes
+    and 55 = 5 x 11, all its columns in two 8-column halves).
     Applies when that transpose exists for the tile, the last epilogue block writes the accumulator's
     element at the same NCHW indices, and the epilogue reads no other tensor along the columns (a residual
     read on channel vectors is a lane-strided gather: those keep the NCHW order) unless the NCHW order would
@@ -670,6 +694,8 @@ def _lane_epilogue_columns(opts: ConvOptions, sch, last, acc, out_shape, per_reg
             and _arith_ops(sch, last) * (t.vl // width - 1) <= LANE_PASS_OPS:
         return None
     cols = next((d for d in range(min(width, 8), 1, -1) if width % d == 0), None)
+    if cols is None and 8 < width <= 16:
+        cols = width        # a prime width (11, 13): one transpose of two 8-column halves
     if cols is None or out_transpose_intrin(str(acc.ty.dtype), cols, t.vl) is None:
         return None
     if not _writes_like(sch, last, out_shape) or (opts.lane_epilogue != "always"

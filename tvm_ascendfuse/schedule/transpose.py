@@ -292,8 +292,8 @@ def _out_name(dtype: str, cols: int, lanes: int) -> str:
 def _build_out(dtype: str, cols: int, lanes: int, impl: bool):
     """(cols columns x lanes channels) of an NCHW[lanes]c tile in UB -> (lanes channels x cols columns) of the
     NCHW output, each channel row a plane apart: description (a plain transpose block) or implementation
-    (the 8 x 16 shuffle network on ``cols`` rows, the missing rows repeating the last; each channel row
-    stored as one ``cols``-lane vector)."""
+    (the 8 x 16 shuffle network on ``cols`` rows, the missing rows repeating the last, twice for 9 to 16
+    columns; each channel row stored as one ``cols``-lane vector)."""
     i64 = T.int64
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):
@@ -319,7 +319,24 @@ def _build_out(dtype: str, cols: int, lanes: int, impl: bool):
 
 def _out_shuffle_network(A, B, dtype: str, cols: int, lanes: int) -> None:
     i64 = T.int64
-    row = [A.vload([i64(min(i, cols - 1)), i64(0)], f"{dtype}x{lanes}") for i in range(ROWS)]
+    if cols > ROWS:
+        # two networks of 8 rows (columns 0-7, then 8 on, the missing rows repeating the last), each channel's
+        # two 8-column halves joined into one vector: 11 and 13 columns (prime widths: SqueezeNet's 13x13
+        # planes, 55 = 5 x 11), which no tile of 8 or fewer columns divides
+        lo, hi = _out_channel_rows(A, dtype, 0, cols, lanes), _out_channel_rows(A, dtype, ROWS, cols, lanes)
+        for r in range(lanes):
+            T.buffer_store(B, T.Shuffle([lo[r], hi[r]], list(range(cols))),
+                           [i64(r), i64(0), T.Ramp(i64(0), i64(1), cols)])
+        return
+    for r, vec in enumerate(_out_channel_rows(A, dtype, 0, cols, lanes, width=cols)):
+        T.buffer_store(B, vec, [i64(r), i64(0), T.Ramp(i64(0), i64(1), cols)])
+
+
+def _out_channel_rows(A, dtype: str, first: int, cols: int, lanes: int, width: int = ROWS) -> list:
+    """Per channel, the ``width`` (<= 8) columns ``first``.. of the tile as one vector: the 8 x ``lanes``
+    shuffle network on rows ``first``..``first`` + 7, the rows past ``cols`` repeating the last."""
+    i64 = T.int64
+    row = [A.vload([i64(min(first + i, cols - 1)), i64(0)], f"{dtype}x{lanes}") for i in range(ROWS)]
 
     def shuffle(x, y, idx):
         return T.Shuffle([x, y], list(idx))
@@ -328,10 +345,12 @@ def _out_shuffle_network(A, B, dtype: str, cols: int, lanes: int) -> None:
            for p in range(ROWS // 2)}
     st2 = {(g, j): shuffle(st1[j // 2, 2 * g], st1[j // 2, 2 * g + 1], _unpack_pd(lanes, j))
            for g in range(ROWS // 4) for j in range(4)}
+    out = []
     for r in range(lanes):
         q, j = divmod(r, 4)
         idx = [4 * q + k for k in range(4)] + [lanes + 4 * q + k for k in range(4)]
-        T.buffer_store(B, shuffle(st2[0, j], st2[1, j], idx[:cols]), [i64(r), i64(0), T.Ramp(i64(0), i64(1), cols)])
+        out.append(shuffle(st2[0, j], st2[1, j], idx[:width]))
+    return out
 
 
 # Element types of the register transposes (shuffles only: any type works). float32 and the bytes of an int8
@@ -342,8 +361,8 @@ STAGE_DTYPES = ("float32", "uint8", "int8")
 
 def out_transpose_intrin(dtype: str, cols: int, lanes: int) -> str | None:
     """Name of the registered (cols x lanes) NCHW[lanes]c -> NCHW store intrinsic, None when this tile has no
-    shuffle network here (STAGE_DTYPES, 16 lanes, 2..8 columns)."""
-    if lanes not in STAGE_LANES or not 2 <= cols <= ROWS or dtype not in STAGE_DTYPES:
+    shuffle network here (STAGE_DTYPES, 8 or 16 lanes, 2..16 columns)."""
+    if lanes not in STAGE_LANES or not 2 <= cols <= 2 * ROWS or dtype not in STAGE_DTYPES:
         return None
     return _register_once(_out_name(dtype, cols, lanes), lambda impl: _build_out(dtype, cols, lanes, impl))
 
