@@ -251,6 +251,52 @@ def test_head_split_epilogue_cutting_column_tiles(rows, k, heads, d, host):
     check_rule(MatmulRule(), fused_kernel(build, [(1, rows, k), (k, n), (1, n), (1, n)]), host=host)
 
 
+@pytest.mark.parametrize("host", [HOST, NATIVE], ids=["portable", "native"])
+def test_plane_rows_padded_in_the_tile_do_not_reach_the_next_row(host):
+    """NCHW -> NHWC -> LayerNorm -> QKV projection + bias -> split into q/k/v heads (GCViT's window attention
+    on a 14 x 14 plane): the GEMM's rows are the plane's 14 columns, padded to 16 in the accumulator, and the
+    epilogue reads them flattened (``acc[p // 14, p % 14]``). Under an 8-row register block TVM bounded the
+    epilogue of a row's last block by 8 pixels, two of them the next row's, computed by another task: a race
+    (gcvit_xxtiny 1.4e-2 of the output's scale off ORT on some runs). The epilogue may run per tile only
+    where each of its iterations runs once."""
+    from tvm.s_tir import Schedule
+
+    from tvm_ascendfuse.schedule.row_blocks import runs_each_point_once
+
+    c, heads, d = 64, 2, 32
+
+    def build(x, g, b, w, bias):
+        t = op.nn.layer_norm(op.permute_dims(x, [0, 2, 3, 1]), g, b, axes=[-1])
+        qkv = op.reshape(op.add(op.matmul(t, w), bias), (1, 196, 3, heads, d))
+        return op.permute_dims(qkv, [2, 0, 3, 1, 4])
+
+    mod = check_rule(MatmulRule(), fused_kernel(build, [(1, c, 14, 14), (c,), (c,), (c, 3 * heads * d),
+                                                        (3 * heads * d,)]), host=host)
+    sch = Schedule(mod)
+    out = mod["main"].params[-1]
+    writers = [sch.get_sblock(name) for name in _block_names(mod["main"]) if _writes(mod["main"], name, out)]
+    assert writers and all(runs_each_point_once(sch, b) is not False for b in writers)
+
+
+def _block_names(func) -> list:
+    import tvm_ffi
+    from tvm import s_tir
+
+    names = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, lambda r: names.append(r.block.name_hint)))
+    return [n for n in names if n != "root"]
+
+
+def _writes(func, name, buf) -> bool:
+    import tvm_ffi
+    from tvm import s_tir
+
+    found = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, lambda r: found.append(
+        r.block.name_hint == name and any(w.source.same_as(buf) for w in r.block.writes))))
+    return any(found)
+
+
 def test_epilogue_selecting_by_index_is_not_placed_per_tile():
     """concat -> slice after the GEMM (fuzz seed 539): the slice reads the tile in one branch of an index
     condition, so it must run after the GEMM; per tile it read uninitialised memory."""

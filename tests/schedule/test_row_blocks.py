@@ -1,4 +1,5 @@
-"""row_blocks.tiles_are_boxes: which tiles of a producer an epilogue reads as boxes of its own iterations."""
+"""row_blocks.tiles_are_boxes: which tiles of a producer an epilogue reads as boxes of its own iterations;
+runs_each_point_once: whether a placed epilogue runs each of its iterations once."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from tvm import s_tir
 from tvm.relax import op
 
 from tests.schedule.kernels import fused_kernel
-from tvm_ascendfuse.schedule.row_blocks import tiles_are_boxes
+from tvm_ascendfuse.schedule.row_blocks import runs_each_point_once, tiles_are_boxes
 
 
 def _gemm_and_epilogue(build, shapes):
@@ -53,3 +54,27 @@ def test_two_reads_in_different_tiles_are_not_one_box():
 def test_a_block_that_does_not_read_the_buffer_is_not_placed():
     gemm, epi = _gemm_and_epilogue(lambda x, w: op.nn.relu(op.matmul(x, w)), [(4, 16), (16, 64)])
     assert tiles_are_boxes(gemm, epi.writes[0].source, [4, 32]) is False
+
+
+def _plane_gemm_placed(cols_per_tile):
+    """A GEMM over a 14 x 14 plane whose columns are split in tiles of ``cols_per_tile`` (a 16-column padded
+    tile's 8-column register blocks where 8 does not divide 14), the flattening epilogue placed per tile."""
+    f = fused_kernel(lambda x, w: op.reshape(op.matmul(x, w), (196, 24)), [(14, 14, 16), (16, 24)])
+    sch = s_tir.Schedule(f)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    gemm, epi = blocks[0], blocks[-1]
+    assert runs_each_point_once(sch, epi) is True               # at the root: once each
+    _, j, _, _ = sch.get_loops(gemm)
+    jo, _ = sch.split(j, [None, cols_per_tile])
+    sch.reverse_compute_at(epi, jo)
+    return sch, epi
+
+
+def test_a_tile_bound_reaching_into_the_next_plane_row_runs_points_twice():
+    """Columns 8..13 of a row are a box of 6 flat pixels, but TVM bounds the epilogue under that tile by 8
+    pixels from 14 * y + 8: the first two pixels of the next row run in this tile too (gcvit's QKV projection:
+    another task's accumulator rows, a race)."""
+    sch, epi = _plane_gemm_placed(8)
+    assert runs_each_point_once(sch, epi) is False
+    sch, epi = _plane_gemm_placed(7)                            # 7 divides 14: each pixel in one tile
+    assert runs_each_point_once(sch, epi) is True

@@ -50,7 +50,7 @@ from .common import (as_target, extent, is_output_block, ok, parallel_vector, st
                      vectorize_inner)
 from .hostvec import HostVector
 from .layout import mark_prepack, packable_param
-from .row_blocks import loop_tiles, tiles_are_boxes
+from .row_blocks import loop_tiles, runs_each_point_once, tiles_are_boxes
 from .transpose import out_transpose_intrin, transpose_intrin, transpose_load, transpose_store, transpose_to_nchw
 
 _SUBSAMPLE = "ascendfuse.conv_subsample"   # marks the gathered input of a strided 1x1 conv
@@ -525,7 +525,8 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
             and unwritten_output(s.mod["main"]) is None):
         lane_note = f" epilogue on {t.vl}-lane channel vectors, {cols}-column store transposes"
     elif _if_it_applies(sch, lambda s: ok(s.reverse_compute_at, last, epi_at)
-                        and unwritten_output(s.mod["main"]) is None):
+                        and unwritten_output(s.mod["main"]) is None
+                        and runs_each_point_once(s, last) is not False):
         if opts.transpose and epi_at is x0 and oc % t.vl == 0:
             transpose_store(sch, last, acc, t.owr, t.vl)
         vectorize_inner(sch, last, lanes)

@@ -39,7 +39,7 @@ from .fast_math import use_fast_math
 from .hostvec import HostVector, host_vector
 from .layout import PREPROC_ANNOTATION, mark_prepack, packable_param, panel_pack_map
 from .partial_sums import vector_partial_sums
-from .row_blocks import tiles_are_boxes
+from .row_blocks import reads_tiles_one_to_one, runs_each_point_once, tiles_are_boxes
 
 
 # Output columns up to which padding M (a copy of all of A, when A does not fit the cache) costs more than a
@@ -332,7 +332,10 @@ class MatmulRule(ScheduleRule):
 
         ``tile``: (the accumulator, its tile sizes per axis). A block follows the tile only when it reads each
         tile as a box of its own iterations (``tiles_are_boxes``); a reshape that cuts tiles apart (a head
-        split of 80 columns under 32-column tiles) would otherwise be given part of a head per tile."""
+        split of 80 columns under 32-column tiles) would otherwise be given part of a head per tile. Where
+        the block reads the tile through such a reshape, the placement is also checked to run each of the
+        block's iterations once (``runs_each_point_once``): rows padded in the accumulator (a 14 x 14 plane
+        as 14 x 16) make TVM's bound of a tile's iterations reach into the next tile's."""
         if not epi_blocks:
             return True
         placed = True
@@ -347,13 +350,24 @@ class MatmulRule(ScheduleRule):
             stmt = sch.get(b)
             src = next((buf for buf in tiled for r in stmt.reads if r.source.same_as(buf)), None)
             if src is None or not tile_local(sch, b, out_shape) or not tiles_are_boxes(stmt, src, sizes) \
-                    or not ok(sch.reverse_compute_at, b, i0):
+                    or not _placed_exactly(sch, b, i0, reads_tiles_one_to_one(stmt, src, sizes)):
                 parallel_vector(sch, b, lanes)
                 placed = False
                 continue
             tiled += [w.source for w in sch.get(b).writes if len(w.source.ty.shape) == len(sizes)]
             vectorize_inner(sch, b, lanes)
         return placed
+
+
+def _placed_exactly(sch, block, loop, one_to_one: bool) -> bool:
+    """``reverse_compute_at`` of ``block`` under ``loop``, when it runs each of the block's iterations once
+    (checked on a copy where the block reads its tile through a reshape; ``one_to_one``: it does not, and
+    TVM's bound is exact). False, with ``sch`` untouched, otherwise."""
+    if not one_to_one:
+        trial = sch.copy()
+        if not ok(trial.reverse_compute_at, block, loop) or not runs_each_point_once(trial, block):
+            return False
+    return ok(sch.reverse_compute_at, block, loop)
 
 
 def _tile_of(sch, info: GemmBlock, t: GemmTiles):

@@ -12,6 +12,14 @@ The same holds for any tile, not only blocks of rows: a GEMM's 32 output columns
 (``P[i, h * 80 + d]``, LeViT's 640 = 8 x 80) are no box of ``(h, d)`` where a tile crosses a head, and TVM's
 region analysis then gives the epilogue a loop over part of a head only, reading columns the tile did not
 compute. ``tiles_are_boxes`` checks a whole tile (one size per axis) before a rule places an epilogue in it.
+
+A tile can read as a box and still be given more iterations than it holds: a GEMM whose rows are a 14 x 14
+plane padded to 14 x 16 in the accumulator (register blocks of 8 rows) is read by a flattening epilogue at
+``acc[p // 14, p % 14]``; the last block of a plane row holds columns 8..13 (a box of 6 pixels) but TVM's
+bound of the epilogue loop under it is 8 pixels from ``14 * y + 8``, two of which belong to the next row, are
+computed by another task and read from its part of the accumulator (a race: wrong numbers on some runs).
+``runs_each_point_once`` checks a placement itself: the placed block's bindings evaluated over all its
+loops must reach every point of its iteration domain exactly once.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ from .common import get_realize
 _MAX_POINTS = 1 << 20        # iterator grids evaluated with numpy; larger ones are not analysed
 
 _BINARY = {tirx.Add: np.add, tirx.Sub: np.subtract, tirx.Mul: np.multiply, tirx.FloorDiv: np.floor_divide,
-           tirx.FloorMod: np.mod, tirx.Min: np.minimum, tirx.Max: np.maximum}
+           tirx.FloorMod: np.mod, tirx.Min: np.minimum, tirx.Max: np.maximum,
+           tirx.LT: np.less, tirx.LE: np.less_equal, tirx.GT: np.greater, tirx.GE: np.greater_equal,
+           tirx.EQ: np.equal, tirx.NE: np.not_equal, tirx.And: np.logical_and, tirx.Or: np.logical_or}
 
 
 def _evaluate(expr, env: dict):
@@ -63,6 +73,54 @@ def exact_row_blocks(stmt, buf, axis: int, rows: int, candidates) -> list | None
     return [r for r in candidates if r >= rows or _boxes(row // r, coords)]
 
 
+def runs_each_point_once(sch, block) -> bool | None:
+    """Does ``block``, where its loops place it now, run every point of its iteration domain exactly once
+    (its bindings evaluated over all its loops, under its predicate)? None when that cannot be evaluated
+    (a symbolic extent or binding, more than ``_MAX_POINTS`` loop iterations, a non-integer expression)."""
+    realize = get_realize(sch, block)
+    fors = [sch.get(lp) for lp in sch.get_loops(block)]
+    if any(not isinstance(f.extent, tirx.IntImm) or not isinstance(f.min, tirx.IntImm) for f in fors):
+        return None
+    extents = [int(f.extent) for f in fors]
+    ivs = realize.block.iter_vars
+    if math.prod(extents) > _MAX_POINTS or any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in ivs):
+        return None
+    grids = np.meshgrid(*[np.arange(e, dtype=np.int64) + int(f.min) for e, f in zip(extents, fors)],
+                        indexing="ij") if fors else []
+    env = {f.loop_var.name: g.reshape(-1) for f, g in zip(fors, grids)}
+    points = math.prod(extents)
+    values = []
+    for iv, value in zip(ivs, realize.iter_values):
+        v = _evaluate(value, env)
+        if v is None:
+            return None
+        values.append(np.broadcast_to(np.asarray(v, dtype=np.int64), (points,)) - int(iv.dom.min))
+    pred = _evaluate(realize.predicate, env) if not isinstance(realize.predicate, tirx.IntImm) \
+        else np.int64(int(realize.predicate))
+    if pred is None:
+        return None
+    run = np.broadcast_to(np.asarray(pred, dtype=bool), (points,))
+    dims = [int(iv.dom.extent) for iv in ivs]
+    if not dims:
+        return int(run.sum()) == 1
+    if any(((v[run] < 0) | (v[run] >= d)).any() for v, d in zip(values, dims)):
+        return False
+    hits = np.bincount(np.ravel_multi_index([v[run] for v in values], dims), minlength=math.prod(dims))
+    return bool((hits == 1).all())
+
+
+def reads_tiles_one_to_one(stmt, buf, tiles) -> bool:
+    """Does ``stmt`` read ``buf`` once, each tiled axis at an iterator of its own or a constant (no reshape
+    between them)? Then TVM's bound of the iterations under a tile is the tile itself."""
+    regions = [r.region for r in stmt.reads if r.source.same_as(buf)]
+    if len(regions) != 1 or len(regions[0]) != len(tiles):
+        return False
+    indices = [regions[0][a].min for a, t in enumerate(tiles) if t is not None]
+    plain = [i for i in indices if isinstance(i, tirx.Var)]
+    distinct = all(not a.same_as(b) for k, a in enumerate(plain) for b in plain[k + 1:])
+    return distinct and all(isinstance(i, (tirx.Var, tirx.IntImm)) for i in indices)
+
+
 def tiles_are_boxes(stmt, buf, tiles) -> bool:
     """Does ``stmt`` read every tile of ``buf`` as one box of its own iteration space, each of its iterations
     reading one tile only? A tile is ``tiles[a]`` consecutive indices of axis ``a`` from a multiple of
@@ -76,9 +134,7 @@ def tiles_are_boxes(stmt, buf, tiles) -> bool:
         return False
     tiled = [a for a, t in enumerate(tiles) if t is not None]
     indices = [reg[a].min for reg in regions for a in tiled]
-    plain = [i for i in indices if isinstance(i, tirx.Var)]
-    distinct = all(not a.same_as(b) for k, a in enumerate(plain) for b in plain[k + 1:])
-    if len(regions) == 1 and distinct and all(isinstance(i, (tirx.Var, tirx.IntImm)) for i in indices):
+    if reads_tiles_one_to_one(stmt, buf, tiles):
         return True                             # each tiled axis one to one with its own iterator
     if len(regions) == 1:
         # axes whose indices share no iterator are independent: a tile is a box iff its part in every group
