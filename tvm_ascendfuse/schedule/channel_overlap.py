@@ -26,7 +26,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .layout import LAYOUT_FREE_ATTR, PREPROC_ANNOTATION
+from .layout import PREPROC_ANNOTATION, is_layout_free
 
 OVERLAP_WEIGHT_BLOCK = "weight_channel_overlap"
 OVERLAP_STORE_BLOCK = "channel_overlap_store"
@@ -210,19 +210,10 @@ def overlap_channel_blocks(func: tirx.PrimFunc, stage: str, conv: str, last: str
     return tirx.PrimFunc(func.params, s_tir.SBlockRealize([], True, new_root), func.ret_type, func.attrs)
 
 
-def weight_is_constant(func, weight) -> bool:
-    """Is ``weight`` a parameter the pipeline marks as a constant (packed once at compile time)?"""
-    attrs = func.attrs
-    if attrs is None or LAYOUT_FREE_ATTR not in attrs:
-        return False
-    free = {int(i) for i in attrs[LAYOUT_FREE_ATTR]}
-    return any(p.same_as(weight) and i in free for i, p in enumerate(func.params))
-
-
 def pack_overlap_weight(sch, func, weight, lanes: int) -> None:
     """Lay the slot-indexed weight out (P, 1, KH, KW, lanes) blocks, the layout the depthwise rule reads;
     annotated for the compile-time pre-packing when ``weight`` is a constant."""
     blk = sch.get_sblock(OVERLAP_WEIGHT_BLOCK)
     sch.transform_layout(blk, ("write", 0), lambda c, r, h, w: (c // lanes, r, h, w, c % lanes))
-    if weight_is_constant(func, weight):
+    if is_layout_free(func, weight):
         sch.annotate(blk, PREPROC_ANNOTATION, 1)

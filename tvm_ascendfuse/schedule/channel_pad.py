@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 
 from .common import extent
 from .conv_schedule import ConvOptions, choose_conv_tiles, pixel_vector_plan
-from .layout import LAYOUT_FREE_ATTR, PREPROC_ANNOTATION
+from .layout import PREPROC_ANNOTATION, is_layout_free
 
 WEIGHT_PAD_BLOCK = "weight_channel_pad"
 
@@ -86,17 +86,8 @@ def pack_padded_weight(sch, func, weight, ocb: int) -> None:
     conv rules' prepack does not see it: the padded weight is no parameter)."""
     pad = sch.get_sblock(WEIGHT_PAD_BLOCK)
     sch.transform_layout(pad, ("write", 0), lambda f, c, r, s: (f // ocb, c, r, s, f % ocb))
-    if _is_layout_free(func, weight):
+    if is_layout_free(func, weight):
         sch.annotate(pad, PREPROC_ANNOTATION, 1)
-
-
-def _is_layout_free(func, weight) -> bool:
-    """Is ``weight`` a parameter the pipeline marks as a constant (packed once at compile time)?"""
-    attrs = func.attrs
-    if attrs is None or LAYOUT_FREE_ATTR not in attrs:
-        return False
-    free = {int(i) for i in attrs[LAYOUT_FREE_ATTR]}
-    return any(p.same_as(weight) and i in free for i, p in enumerate(func.params))
 
 
 def padded_channels(oc: int, lanes: int) -> int:

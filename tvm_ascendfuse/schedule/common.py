@@ -219,6 +219,21 @@ def ok(step, *args, **kwargs) -> bool:
         return False
 
 
+# what a schedule step tried on a copy may raise besides ScheduleError (a layout or a partition TVM refuses)
+TRIAL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
+
+
+def on_copy_first(sch: s_tir.Schedule, apply) -> bool:
+    """``apply(sch)`` when ``apply`` succeeds on a copy of ``sch`` (returns True, raises none of
+    ``TRIAL_ERRORS``); else False with ``sch`` untouched. For a chain of steps that may fail part-way."""
+    try:
+        if not apply(sch.copy()):
+            return False
+    except TRIAL_ERRORS:
+        return False
+    return bool(apply(sch))
+
+
 def vector_storable(sch: s_tir.Schedule, block) -> bool:
     """May a loop storing this block's outputs be vectorised? Not when it writes a bool or sub-byte buffer.
 

@@ -45,9 +45,8 @@ from ..target import AscendTarget
 from .analysis import LOAD, ConvBlock, match_conv2d, strip_cast
 from .base import UB_SCOPE
 from .concat_staging import channel_parts, partition_channels
-from .common import (as_target, extent, is_output_block, ok, parallel_vector, still_exists, tile_local, try_,
-                     unwritten_output, vector_width_for,
-                     vectorize_inner)
+from .common import (as_target, extent, is_output_block, ok, on_copy_first, parallel_vector, still_exists,
+                     tile_local, try_, unwritten_output, vector_width_for, vectorize_inner)
 from .hostvec import HostVector
 from .layout import mark_prepack, packable_param
 from .row_blocks import loop_tiles, runs_each_point_once, tiles_are_boxes
@@ -373,22 +372,14 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
     pads = [b for b in pro if still_exists(sch, b)]
     plan = _pixel_vector_plan(opts, sch, conv, info, pads, (oc, oh, ow), hv)
     if plan is not None:
-        apply = lambda s: _pixel_vectors(s, conv, info, pads, blocks[ci + 1:], ow, plan, lanes, opts)  # noqa: E731
-        try:
-            trial = apply(sch.copy())
-        except (RuntimeError, ValueError, TypeError, IndexError):   # ScheduleError or a layout TVM refuses
-            trial = False
-        if trial and apply(sch):
+        if on_copy_first(sch, lambda s: _pixel_vectors(s, conv, info, pads, blocks[ci + 1:], ow, plan, lanes, opts)):
             return sch
-    flat = _flat_plane_plan(opts, sch, conv, info, pads, (oc, oh, ow), ic, hv, as_target(target))
+    # (a caller that needs whole planes per task, a pool summed from the conv's tiles, keeps the row form)
+    flat = None if opts.whole_planes else _flat_plane_plan(opts, sch, conv, info, pads, (oc, oh, ow), ic, hv,
+                                                           as_target(target))
     if flat is not None:
-        apply = lambda s: _flat_plane(s, conv, info, pads, blocks[ci + 1:], (oc, oh, ow), flat, hv,  # noqa: E731
-                                      opts) and unwritten_output(s.mod["main"]) is None
-        try:
-            trial = apply(sch.copy())
-        except (RuntimeError, ValueError, TypeError, IndexError):   # ScheduleError or a partition TVM refuses
-            trial = False
-        if trial and apply(sch):
+        if on_copy_first(sch, lambda s: _flat_plane(s, conv, info, pads, blocks[ci + 1:], (oc, oh, ow), flat, hv,
+                                                   opts) and unwritten_output(s.mod["main"]) is None):
             return sch
     if opts.subsample_strided:
         sub = _subsample_strided_pointwise(sch, conv, info, pro, (oh, ow))

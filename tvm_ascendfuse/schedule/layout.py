@@ -21,6 +21,15 @@ LAYOUT_FREE_ATTR = "layout_free_buffers"
 PREPROC_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 
 
+def is_layout_free(func, weight) -> bool:
+    """Is ``weight`` a parameter the pipeline marks as a constant (packed once at compile time)?"""
+    attrs = func.attrs
+    if attrs is None or LAYOUT_FREE_ATTR not in attrs:
+        return False
+    free = {int(i) for i in attrs[LAYOUT_FREE_ATTR]}
+    return any(p.same_as(weight) and i in free for i, p in enumerate(func.params))
+
+
 def packable_param(sch: s_tir.Schedule, buf) -> int | None:
     """Parameter index of ``buf`` when it is a layout-free (constant) parameter with a static shape."""
     func = sch.mod["main"]

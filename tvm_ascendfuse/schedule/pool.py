@@ -38,6 +38,7 @@ from .analysis import PoolBlock, has_reduce, match_conv2d, match_pool
 from .base import UB_SCOPE, ScheduleRule
 from .channel_pad import WEIGHT_PAD_BLOCK, pack_padded_weight, pad_conv_output_channels, padding_pays
 from .common import (new_schedule,
+    on_copy_first,
     as_target,
     blocks_under,
     get_realize,
@@ -294,12 +295,7 @@ class PoolRule(ScheduleRule):
                        f"plane pool from the conv's accumulator tile, {lanes} channel lanes")
             return unwritten_output(s.mod["main"]) is None
 
-        try:
-            if not apply(sch.copy()):
-                return False
-        except (s_tir.ScheduleError, ValueError, RuntimeError):
-            return False
-        return apply(sch)
+        return on_copy_first(sch, apply)
 
     def _schedule_blocked(self, sch, blocks, reductions, pool: PoolBlock, target, host, conv_opts) -> bool:
         """The pool behind a conv in the same kernel on the conv's channel vectors: the conv part's result (a
@@ -343,12 +339,7 @@ class PoolRule(ScheduleRule):
                 s, prologue, pool, list(blocks[reductions[1] + 1:]), lanes, cb, rb, blocked_source=True) \
                 and unwritten_output(s.mod["main"]) is None
 
-        try:
-            if not apply(sch.copy()):
-                return False
-        except (s_tir.ScheduleError, ValueError, RuntimeError):
-            return False
-        return apply(sch)
+        return on_copy_first(sch, apply)
 
     @staticmethod
     def _schedule_global(sch, prologue, pool: PoolBlock, epilogue, host) -> bool:
