@@ -14,7 +14,10 @@ from the input, as ONNX Range/NonZero give), whose value and, as a side output, 
 And GEMM/conv epilogues with layout ops between their elementwise ops (``layout_epilogue``): a projection
 split into heads whose width need not divide, or be divided by, a register block (LeViT's 8 x 80), broadcast
 scales per head or per column, transposes, a flatten into rows of another width, a conv's plane flattened
-and transposed into tokens (a ViT stem). The epilogue's result is returned too, so it ends a kernel.
+and transposed into tokens (a ViT stem), an NCHW plane turned channels-last into a LayerNorm and a projection
+whose rows are the plane's pixels, split into heads over the flattened plane (GCViT's window attention: rows
+a register block does not divide, padded in the accumulator). The epilogue's result is returned too, so it
+ends a kernel.
 
 A graph is drawn as a ``GraphSpec`` (plain data, so hypothesis prints a readable minimal failing example)
 and built with ``spec.build()``. Every op keeps the working shape, so any value can feed any later op;
@@ -331,6 +334,8 @@ class _Builder:
         o = relax.op
         if self.spec.rank == 4 and op.variant in ("tokens", "flatten"):
             return self._conv_layout_epilogue(op, a, rng)
+        if self.spec.rank == 4 and op.variant == "plane_gemm":
+            return self._plane_gemm(a, rng)
         k = self.spec.shape[-1]
         heads, d = (2, 20) if op.variant == "flatten" else (int(rng.integers(1, 4)), int(rng.choice([5, 20, 40])))
         n = heads * d
@@ -352,6 +357,22 @@ class _Builder:
             self.side.append(z)
             z = self.bb.emit(o.reshape(z, (*lead, n)))
         return o.matmul(z, _const(rng, (n, k), 1.0 / np.sqrt(n)))
+
+    def _plane_gemm(self, a, rng):
+        """NCHW -> NHWC -> LayerNorm -> @ W + b over the plane's pixels -> (N, H*W, 2, heads, d) -> heads
+        first (returned) -> back through @ W2 to NCHW."""
+        o = relax.op
+        nb, c, h, w = self.spec.shape
+        lead = self.shape[0]
+        heads, d = 2, 4
+        n = 2 * heads * d
+        t = self.bb.emit(o.nn.layer_norm(self.bb.emit(o.permute_dims(a, [0, 2, 3, 1])), _const(rng, (c,)),
+                                         _const(rng, (c,)), axes=[-1]))
+        y = self.bb.emit(o.add(o.matmul(t, _const(rng, (c, n), 1.0 / np.sqrt(c))), _const(rng, (n,))))
+        z = self.bb.emit(o.permute_dims(self.bb.emit(o.reshape(y, (lead, h * w, 2, heads, d))), [2, 0, 3, 1, 4]))
+        self.side.append(z)
+        back = self.bb.emit(o.reshape(o.permute_dims(z, [1, 3, 0, 2, 4]), (lead, h, w, n)))
+        return o.permute_dims(o.matmul(back, _const(rng, (n, c), 1.0 / np.sqrt(n))), [0, 3, 1, 2])
 
     def _conv_layout_epilogue(self, op, a, rng):
         """conv -> (N, C, H*W) -> tokens (N, H*W, C) x per-channel scale (+ a flatten across planes) -> back."""
@@ -389,7 +410,7 @@ VARIANTS = {
     "logic": ("max_where", "and_mul", "or_relu", "xor_mul", "not_leaky", "mask_out"),
     "int_ops": ("int8", "int32", "int64"),
     "data_dependent": ("value", "side"),
-    "layout_epilogue": ("heads", "transpose", "flatten", "tokens"),
+    "layout_epilogue": ("heads", "transpose", "flatten", "tokens", "plane_gemm"),
 }
 
 
