@@ -223,6 +223,26 @@ def test_overlapping_channel_blocks_follow_the_host_vector(host, lanes):
     assert f"packed {lanes}ch" in note and "overlapping" in note
 
 
+def test_overlap_refuses_a_channel_used_other_than_as_an_index():
+    """MixNet's mixed kernels end a depthwise conv with a concat and a slice: its last block picks the concat's
+    part by ``c < 72``. The overlap rewrite re-indexes loads by the channel a slot stands for; a condition on
+    the channel would have kept the slot (reads out of the other tensor: 4e33 on mixnet_s), so a block using
+    its channel that way is not rewritten (``_uses_outside_indices``)."""
+    from tvm_ascendfuse.schedule.channel_overlap import _uses_outside_indices
+
+    c = tirx.Var("c", "int64")
+    i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
+    acc = tirx.decl_buffer([i64(80)], "float32", "acc_slots")
+    other = tirx.decl_buffer([i64(24)], "float32", "other")
+    out = tirx.decl_buffer([i64(80)], "float32", "out_slots")
+    src = tirx.Min(c, i64(71))
+    indexed = tirx.BufferStore(out, tirx.BufferLoad(acc, [c]) + tirx.BufferLoad(other, [src - i64(64)]), [c])
+    assert not _uses_outside_indices(indexed, c, [acc, other, out])
+    chosen = tirx.BufferStore(out, tirx.Select(c < i64(72), tirx.BufferLoad(acc, [c]),
+                                               tirx.BufferLoad(other, [src - i64(64)])), [c])
+    assert _uses_outside_indices(chosen, c, [acc, other, out])
+
+
 def test_overlap_left_out_where_it_does_not_apply():
     """Fewer channels than a vector (nothing to fill), a symbolic batch and a
     channels-last output keep the kernel as it was, still exact."""

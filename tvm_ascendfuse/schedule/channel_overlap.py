@@ -80,6 +80,28 @@ def _index_outside(node, outside, var, repl):
     return tvm_ffi.structural_map(node, (tvm.ir.expr.TensorLoad, on_load))
 
 
+def _uses_outside_indices(node, var, indexed) -> bool:
+    """Does ``var`` occur in ``node`` other than in the indices of a load or store of a buffer in ``indexed``
+    (the kernel's slot-indexed buffers, where it is the slot, and the tensors outside the kernel, whose loads
+    ``_index_outside`` re-indexed by the channel the slot stands for)?"""
+    def blank(indices):
+        return [tirx.IntImm(str(i.ty.dtype), 0) if hasattr(i, "ty") and hasattr(i.ty, "dtype") else i
+                for i in indices]
+
+    def on_load(ld):
+        return tirx.BufferLoad(ld.source, blank(ld.indices)) if any(ld.source.same_as(b) for b in indexed) \
+            else ld
+
+    def on_store(st):
+        return tirx.BufferStore(st.buffer, st.value, blank(st.indices)) \
+            if any(st.buffer.same_as(b) for b in indexed) else st
+
+    rest = tvm_ffi.structural_map(node, [(tvm.ir.expr.TensorLoad, on_load), (tirx.BufferStore, on_store)])
+    found = []
+    tvm_ffi.structural_walk(rest, (tvm.ir.Var, lambda v: found.append(v) if v.same_as(var) else None))
+    return bool(found)
+
+
 def _regions(block, buffers):
     reads, writes = s_tir.analysis.get_sblock_read_write_region(block, {b: b for b in buffers})
     return list(reads), list(writes)
@@ -155,6 +177,9 @@ def overlap_channel_blocks(func: tirx.PrimFunc, stage: str, conv: str, last: str
     outside = [p for p in params if not p.same_as(out)]
     all_bufs = params + allocs + [st_p, acc_p, res_p, w_p]
 
+    slot_bufs = [st_p, acc_p, res_p, w_p]
+    refused = []
+
     def widen(block, body, init=None):
         ivs = list(block.iter_vars)
         ivs[1] = tirx.IterVar(tvm.ir.Range.from_min_extent(ivs[1].dom.min, tirx.IntImm(itype, slots)),
@@ -163,6 +188,12 @@ def overlap_channel_blocks(func: tirx.PrimFunc, stage: str, conv: str, last: str
         body = _index_outside(body, outside, var, source_channel(var, channels, lanes))
         if init is not None:
             init = _index_outside(init, outside, var, source_channel(var, channels, lanes))
+        # the channel used other than as an index (a concat's part chosen by ``c < 24`` in the staged input)
+        # would still see the slot, not the channel it stands for: not rewritten
+        indexed = slot_bufs + outside
+        if _uses_outside_indices(body, var, indexed) or \
+                (init is not None and _uses_outside_indices(init, var, indexed)):
+            refused.append(block.name_hint)
         new = s_tir.SBlock(ivs, [], [], block.name_hint, body, init, list(block.alloc_buffers),
                            list(block.match_buffers), dict(block.annotations))
         reads, writes = _regions(new, all_bufs)
@@ -189,6 +220,8 @@ def overlap_channel_blocks(func: tirx.PrimFunc, stage: str, conv: str, last: str
         return loop
 
     body = tvm_ffi.structural_map(root.body, [(s_tir.SBlock, on_block), (tirx.For, on_for)])
+    if refused:
+        return None
 
     # the output: the slot-indexed result copied to the channel each slot stands for
     o_shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in res_p.ty.shape]
