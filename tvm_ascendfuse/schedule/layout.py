@@ -33,15 +33,10 @@ def is_layout_free(func, weight) -> bool:
 def packable_param(sch: s_tir.Schedule, buf) -> int | None:
     """Parameter index of ``buf`` when it is a layout-free (constant) parameter with a static shape."""
     func = sch.mod["main"]
-    attrs = func.attrs
-    if attrs is None or LAYOUT_FREE_ATTR not in attrs:
+    if not is_layout_free(func, buf):
         return None
-    free = {int(i) for i in attrs[LAYOUT_FREE_ATTR]}
-    for i, p in enumerate(func.params):
-        if p.same_as(buf) and isinstance(p.ty, tirx.BufferType):
-            if i in free and all(isinstance(d, tirx.IntImm) for d in p.ty.shape):
-                return i
-    return None
+    return next((i for i, p in enumerate(func.params) if p.same_as(buf) and isinstance(p.ty, tirx.BufferType)
+                 and all(isinstance(d, tirx.IntImm) for d in p.ty.shape)), None)
 
 
 def mark_prepack(sch: s_tir.Schedule, block, read_index: int, index_map) -> object:
