@@ -412,3 +412,31 @@ def test_global_mean_behind_a_residual_keeps_the_blocked_path():
     """A residual read along the plane is not inlined into the channel-vector sums (a gather a pixel)."""
     func = fused_kernel(head, [(1, 16, 7, 7), (48, 16, 1, 1), (1, 48, 1, 1), (1, 48, 7, 7)])
     assert "accumulator tile" not in check_rule(PoolRule(), func, host=NATIVE).script()
+
+
+@pytest.mark.parametrize("case", [
+    # (conv input, weight) -> pooled width: SqueezeNet's stem (55 = 5 x 11 columns), 13, 8 and 16 columns
+    ([(1, 3, 223, 223), (32, 3, 3, 3)], 55),
+    ([(1, 8, 55, 55), (16, 8, 3, 3)], 13),
+    ([(1, 8, 35, 35), (32, 8, 3, 3)], 8),
+    ([(1, 8, 67, 67), (16, 8, 3, 3)], 16),
+])
+def test_pooled_tile_stored_through_register_transposes(case):
+    """The pooled channel-vector tile reaches the NCHW result through register transposes of a column block
+    dividing the row (whole-vector loads and row stores, not one lane extract and scalar store per element);
+    same numbers as the unscheduled kernel on the AVX-512 and AVX2 hosts."""
+    shapes, width = case
+    shapes = shapes + [(1, shapes[1][0], 1, 1)]
+    for host in (NATIVE, AVX2_HOST):
+        mod = check_rule(PoolRule(), fused_kernel(squeezenet_stem, shapes), host=host)
+        text = mod.script()
+        out = [p for p in mod["main"].params if isinstance(p.ty, tvm.tirx.BufferType)][-1]
+        assert int(out.ty.shape[-1]) == width, out.ty.shape
+        assert "channel lanes, NCHW store through register transposes" in text, (host, text[-3000:])
+
+
+def test_pooled_rows_no_column_block_divides_keep_the_lane_store():
+    """A pooled row of 17 columns (no block of 4..16 divides it) keeps the element-wise write-back; same numbers."""
+    shapes = [(1, 8, 71, 71), (16, 8, 3, 3), (1, 16, 1, 1)]          # conv 35 x 35 -> pool 17 x 17
+    text = check_rule(PoolRule(), fused_kernel(squeezenet_stem, shapes), host=NATIVE).script()
+    assert "16 channel lanes" in text and "register transposes" not in text

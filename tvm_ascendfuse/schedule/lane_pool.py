@@ -21,8 +21,9 @@ from tvm import tirx
 
 from .analysis import PoolBlock
 from .base import UB_SCOPE
-from .common import extent, ok, tile_local, try_
+from .common import extent, ok, on_copy_first, tile_local, try_
 from .hostvec import host_vector
+from .transpose import out_transpose_intrin, transpose_to_nchw
 
 # Fewer lanes than this gain too little over the scalar window to pay for the transposing copies.
 MIN_LANES = 4
@@ -140,5 +141,38 @@ def schedule_lane_pool(sch, prologue, pool: PoolBlock, epilogue, lanes: int, cb:
     for loop in sch.get_loops(block)[-3:-1]:
         if (extent(sch, loop) or 0) <= 3:
             try_(sch.unroll, loop)
-    sch.annotate(block, "ascendfuse.schedule", f"pool tile {cb}ch x {rb}rows, {lanes} channel lanes")
+    note = ""
+    if not epilogue and _store_through_transposes(sch, writer, lanes):
+        note = ", NCHW store through register transposes"
+    sch.annotate(block, "ascendfuse.schedule", f"pool tile {cb}ch x {rb}rows, {lanes} channel lanes{note}")
     return True
+
+
+def _store_columns(width: int) -> int | None:
+    """Columns per register transpose of the write-back: 16 or 8 where they divide the row, else the widest
+    count from 16 down to 4 that does (55 = 5 x 11, 13, 27 = 3 x 9), None for rows none divides."""
+    return next((w for w in (16, 8, *range(15, 3, -1)) if width % w == 0), None)
+
+
+def _store_through_transposes(sch, writer, lanes: int) -> bool:
+    """The write-back ``writer`` (a copy of the pooled tile, (channels, rows, columns) loops over the
+    channel-vector UB tile, into the NCHW result) as register transposes of ``lanes`` channels x a column
+    block (``transpose.transpose_to_nchw``): whole-vector loads and row stores instead of one lane extract
+    and scalar store per element. SqueezeNet's stem (conv + ReLU + max-pool to 64 x 55 x 55) and its concat
+    + max-pool kernels stored every pooled element that way. False, ``sch`` unchanged, where the tile has
+    no such form (a predicated tile, channels no vector divides, a row no block divides)."""
+    *_, c, y, x = sch.get_loops(writer)
+    chans, cols = extent(sch, c), extent(sch, x)
+    width = None if cols is None else _store_columns(cols)
+    dtype = str(sch.get(writer).writes[0].source.ty.dtype)
+    if chans is None or chans % lanes or width is None or out_transpose_intrin(dtype, width, lanes) is None:
+        return False
+
+    def apply(s) -> bool:
+        *_, c, y, x = s.get_loops(writer)
+        co, ci = s.split(c, [None, lanes])
+        xo, xi = s.split(x, [None, width])
+        s.reorder(co, y, xo, ci, xi)
+        return transpose_to_nchw(s, writer, lanes)
+
+    return on_copy_first(sch, apply)
