@@ -27,8 +27,9 @@ from .progress import bar
 from .report import FusionReport
 from .report_graph import record_after, record_before
 from .schedule.apply import ScheduleKernels
+from .schedule.task_prefetch import TaskPrefetch
 from .switches import (ATTENTION_PROJECTION, CHAINED_GEMM, CHAINED_GEMM_HOST, COST_BASED_FUSION, SCHEDULE_RULE_CHECK,
-                       resolve_switches)
+                       TASK_PREFETCH, resolve_switches)
 from .target import AscendTarget, current_target_from_tvm, get_target
 
 
@@ -140,8 +141,15 @@ MAX_REGROUPS = 3
 GENERIC_RULES = ("fallback", None)
 
 
+def prefetch_phase(switches, report):
+    """Phase 5: each parallel task of a scheduled kernel prefetches its next task's weights and its own
+    epilogue's other input (``schedule/task_prefetch.py``), after the verification so the scheduled module
+    the report keeps is the one the rules made."""
+    return [TaskPrefetch(report)] if switches.is_on(TASK_PREFETCH) else []
+
+
 def lowering_phase(tvm_target):
-    """Phase 5: TVM's own lowering to the VM, as in its default CPU pipeline after FuseTIR."""
+    """Phase 6: TVM's own lowering to the VM, as in its default CPU pipeline after FuseTIR."""
     return [*cpu.dataflow_lower_passes(tvm_target), *cpu.finalize_passes(tvm_target)]
 
 
@@ -214,6 +222,7 @@ class AscendFusePipeline(PyPass):
             ("ub_fusion", ub_fusion_phase(target, switches, r, tvm_target, forbidden, self.plan)),
             ("schedule", schedule_phase(target, r, tvm_target, self.rules, self.plan)),
             ("verify", verification_phase(target, r)),
+            ("prefetch", prefetch_phase(switches, r)),
             ("lowering", lowering_phase(tvm_target)),
         ]
 

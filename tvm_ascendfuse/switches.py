@@ -86,6 +86,7 @@ CHAINED_GEMM_HOST = "ChainedGemmHostCost"
 SCHEDULE_RULE_CHECK = "ScheduleRuleCheck"
 ATTENTION_PROJECTION = "AttentionProjectionFusionPass"
 COST_BASED_FUSION = "CostBasedFusionPass"
+TASK_PREFETCH = "TaskPrefetch"
 
 SWITCHES: tuple[SwitchInfo, ...] = (
     SwitchInfo(BATCHNORM_SCALE, GRAPH_FUSION,
@@ -209,6 +210,9 @@ SWITCHES: tuple[SwitchInfo, ...] = (
                "projection (+ norm), per block of query rows"),
     SwitchInfo(COST_BASED_FUSION, UB_FUSION,
                "cost-model grouping of the remaining ops into UB-fused kernels (replaces TVM FuseOps)"),
+    SwitchInfo(TASK_PREFETCH, UB_FUSION,
+               "each parallel task of a scheduled kernel prefetches the weights its next task reads and the lines "
+               "its own epilogue reads (a residual), spread over its loops, so memory streams overlap compute"),
 )
 
 _BY_NAME: dict[str, SwitchInfo] = {s.name: s for s in SWITCHES}
