@@ -127,7 +127,7 @@ def test_an_unmarked_overlap_is_refused(monkeypatch):
 def _blocks(sch):
     from tvm_ascendfuse.schedule.write_once import _all_blocks
 
-    return _all_blocks(sch)
+    return [rv for rv, _ in _all_blocks(sch)]
 
 
 def test_point_counts_of_a_block_under_a_loop_it_does_not_use():
@@ -181,3 +181,40 @@ def _whole_grid_counts(sch, block):
     hits = np.bincount(np.ravel_multi_index([v[inside] for v in vals], dims), minlength=math.prod(dims))
     return PointCounts(domain=math.prod(dims), twice=int((hits > 1).sum()), missed=int((hits == 0).sum()),
                        outside=int(run.sum() - inside.sum()))
+
+
+def test_an_intermediate_shared_by_the_tasks_and_written_twice_is_a_race():
+    """The GCViT placement one block earlier: the flattening block per 8-pixel tile (reaching into the next
+    plane row), its consumer left at the root. The flattened buffer is shared by all tiles (its accesses meet
+    only at the root), and two tiles write the next row's first two pixels: one from an accumulator tile that
+    does not hold them."""
+    f = fused_kernel(lambda x, w: op.nn.relu(op.reshape(op.matmul(x, w), (196, 24))), [(14, 14, 16), (16, 24)])
+    sch = s_tir.Schedule(f)
+    gemm, flat, relu = sch.get_child_blocks(sch.get_sblock("root"))
+    _, j, _, _ = sch.get_loops(gemm)
+    jo, _ = sch.split(j, [None, 8])
+    sch.reverse_compute_at(flat, jo)
+    [race] = output_races(sch)
+    assert (race.block, race.output, race.counts.twice) == (sch.get(flat).name_hint, False, 2 * 13 * 24)
+    assert "a buffer of the kernel's own" in race.describe()
+
+
+def test_an_intermediate_recomputed_per_tile_is_no_race():
+    """``y[i] = x[i] + x[i + 1]`` over tiles of 4, the producer computed per tile with its one-element halo:
+    each element of the producer's buffer is computed by two tiles, each into a copy of its own (the buffer's
+    accesses all sit under the tile loop)."""
+    def build(x):
+        y = op.nn.relu(x)
+        return op.add(op.strided_slice(y, [0], [0], [16]), op.strided_slice(y, [0], [1], [17]))
+
+    sch = s_tir.Schedule(fused_kernel(build, [(17,)]))
+    relu, *slices, add = sch.get_child_blocks(sch.get_sblock("root"))
+    for b in slices:
+        sch.compute_inline(b)
+    (i,) = sch.get_loops(add)
+    io, _ = sch.split(i, [None, 4])
+    sch.compute_at(relu, io)
+    blocks = [relu]
+    produced = [b for b in blocks if point_counts(sch, b) is not None and point_counts(sch, b).twice]
+    assert produced                             # the halo: points computed by two tiles
+    assert output_races(sch) == []

@@ -282,7 +282,7 @@ class ApplyUBSchedules(PyPass):
             return None
         race = found[0]
         c = race.counts
-        return {"kernel": name, "rule": rule.name, "block": race.block, "output": race.output,
+        return {"kernel": name, "rule": rule.name, "block": race.block, "buffer": race.buffer, "buffer_is_output": race.output,
                 "domain_points": c.domain, "points_run_twice": c.twice, "points_missed": c.missed,
                 "iterations_outside": c.outside, "elements_written_twice": race.elements_twice, "blocks": len(found),
                 "message": f"kernel {name}: its {race.describe()}"

@@ -98,8 +98,13 @@ def runs_each_point_once(sch, block) -> bool | None:
     return None if counts is None else counts.once
 
 
-def point_counts(sch, block) -> PointCounts | None:
+def point_counts(sch, block, copies: int = 0) -> PointCounts | None:
     """``PointCounts`` of ``block`` where its loops place it now; None as for ``runs_each_point_once``.
+
+    ``copies``: the block's outermost ``copies`` loops each give their iterations a copy of the domain of their
+    own (a buffer allocated inside them: TVM allocates a buffer at the innermost loop around all its
+    accesses), so a point run once in each of two iterations of them is run once per copy. The domain is then
+    the copies times the block's domain.
 
     The loops are evaluated in independent groups, not as one grid: two loops are in one group when a binding
     or a conjunct of the predicate uses both. The map from the loops' iterations to the domain is then a
@@ -147,12 +152,12 @@ def point_counts(sch, block) -> PointCounts | None:
     runs = in_domain = reached = single = 1
     for loops, iv_ids, pred_ids in [constant, *groups.values()]:
         part = _group_counts(fors, loops, [ivs[j] for j in iv_ids], [realize.iter_values[j] for j in iv_ids],
-                             [conjuncts[j] for j in pred_ids])
+                             [conjuncts[j] for j in pred_ids], [k for k in loops if k < copies])
         if part is None:
             return None
         g_runs, g_in, g_reached, g_single = part
         runs, in_domain, reached, single = runs * g_runs, in_domain * g_in, reached * g_reached, single * g_single
-    domain = math.prod(int(iv.dom.extent) for iv in ivs)
+    domain = math.prod(int(iv.dom.extent) for iv in ivs) * math.prod(int(f.extent) for f in fors[:copies])
     return PointCounts(domain=domain, twice=reached - single, missed=domain - reached, outside=runs - in_domain)
 
 
@@ -164,10 +169,11 @@ def _conjuncts(pred) -> list:
     return [pred]
 
 
-def _group_counts(fors, loops, ivs, values, conjuncts):
+def _group_counts(fors, loops, ivs, values, conjuncts, copy_loops=()):
     """(loop iterations that run, of them those inside the domain, domain points reached, points reached once)
     of one group: ``loops`` (positions in ``fors``), the iterators bound by them and the predicate's
-    conjuncts over them; None when it cannot be evaluated."""
+    conjuncts over them, ``copy_loops`` those of ``loops`` whose iterations each have a copy of the domain
+    (their values are coordinates of the points too); None when it cannot be evaluated."""
     extents = [int(fors[k].extent) for k in loops]
     points = math.prod(extents)
     if points > _MAX_POINTS:
@@ -191,6 +197,9 @@ def _group_counts(fors, loops, ivs, values, conjuncts):
         v = np.broadcast_to(np.asarray(v, dtype=np.int64), (points,)) - int(iv.dom.min)
         inside &= (v >= 0) & (v < d)
         coords.append(v)
+    for k in copy_loops:
+        coords.append(env[fors[k].loop_var.name] - int(fors[k].min))
+        dims.append(int(fors[k].extent))
     runs, hits_in = int(run.sum()), int(inside.sum())
     size = math.prod(dims)
     if not dims:

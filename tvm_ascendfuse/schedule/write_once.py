@@ -13,11 +13,15 @@ its data-parallel points write distinct elements of the output (``elements_writt
 iterators write one element many times by definition). The first catches placements, the second rewrites of a
 block's indices (a rule that remaps iterators, as the channel overlap does on purpose).
 
-Which blocks: those writing a kernel output (a parameter buffer), since two tasks writing one output element
-race in memory every caller sees. A block writing a buffer the kernel allocates is not checked: the rules
-recompute such blocks on purpose (a conv's padded input staged per tile with its halo rows, the overlap read
-by two tiles), each task into its own copy or with the same values, and a wrong value computed into one
-reaches an output only through a block that is checked here or by the numerical checks.
+Which blocks: those writing a kernel output (a parameter buffer), where two tasks writing one element race in
+memory every caller sees; and those writing a buffer of the kernel's own, counted per copy of it: TVM allocates
+such a buffer inside the innermost loop around all the blocks that access it, so the iterations of the loops
+above that point each have a copy, and a point computed again in another copy is the rules' intended
+recomputation (a conv's padded input staged per tile with its halo rows, a key transpose per query block).
+A point run twice within one copy is the race again: a buffer shared by the tasks (the blocks accessing it
+placed apart, one at the root), written by two of them, one from a tile that does not hold the point. Only
+the domain check is made there: an intermediate's index map may overlap on purpose, and points never run are
+points never read (a padded border a tile does not need).
 
 A block that writes some output points twice by design carries ``OVERLAPPING_WRITES`` (the depthwise conv's
 overlapping channel blocks, ``channel_overlap.py``: the same values from both blocks) and is not checked.
@@ -30,7 +34,6 @@ millions of iterations costs its largest group, usually a reshape's few loops; a
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import numpy as np
@@ -45,33 +48,39 @@ OVERLAPPING_WRITES = "ascendfuse.overlapping_writes"
 
 @dataclasses.dataclass(frozen=True)
 class Race:
-    """A block writing output ``output`` whose loops do not run each point of its domain once."""
+    """A block writing ``buffer`` (a kernel output when ``output``, else a buffer of the kernel's own, per copy)
+    whose loops do not run each point of its domain once, or that writes an output element from two points."""
     block: str
-    output: str
+    buffer: str
     counts: PointCounts
     elements_twice: int = 0         # output elements two data-parallel points of the block write
+    output: bool = True
 
     def describe(self) -> str:
         c = self.counts
         parts = [f"{c.twice} of its {c.domain} points run more than once"] if c.twice else []
-        if c.missed:
+        if c.missed and self.output:
             parts.append(f"{c.missed} never")
         if c.outside:
             parts.append(f"{c.outside} iterations outside its domain")
         if self.elements_twice:
             parts.append(f"{self.elements_twice} output elements written by two of its points")
-        return f"block {self.block} (writing output {self.output}): " + ", ".join(parts)
+        what = f"output {self.buffer}" if self.output else f"{self.buffer}, a buffer of the kernel's own"
+        return f"block {self.block} (writing {what}): " + ", ".join(parts)
 
 
 def output_races(sch) -> list[Race]:
     """Every block of ``sch``'s function ``main`` that writes a kernel output and that its loops do not run
-    once per point of its domain (``row_blocks.point_counts``). Blocks it cannot evaluate (symbolic extents,
-    a group of loops over ``row_blocks._MAX_POINTS`` iterations, non-integer bindings) and blocks marked
+    once per point of its domain (``row_blocks.point_counts``) or whose points write an output element twice
+    (``elements_written_twice``), then every block writing a buffer of the kernel that runs a point twice
+    within one copy of the buffer (module docstring). Blocks that cannot be evaluated (symbolic extents, a
+    group of loops over ``row_blocks._MAX_POINTS`` iterations, non-integer bindings) and blocks marked
     ``OVERLAPPING_WRITES`` are not reported."""
     func = sch.mod["main"]
     params = [p for p in func.params if isinstance(getattr(p, "ty", None), tirx.BufferType)]
+    blocks = _all_blocks(sch)
     races = []
-    for rv in _all_blocks(sch):
+    for rv, _ in blocks:
         block = sch.get(rv)
         if OVERLAPPING_WRITES in block.annotations or not block.iter_vars:
             continue
@@ -83,6 +92,31 @@ def output_races(sch) -> list[Race]:
         if (counts is not None and not counts.once) or twice:
             counts = counts or PointCounts(domain=0, twice=0, missed=0, outside=0)
             races.append(Race(block.name_hint, str(written.name), counts, twice or 0))
+    return races + _intermediate_races(sch, func, blocks)
+
+
+def _intermediate_races(sch, func, blocks) -> list[Race]:
+    """The blocks writing a buffer allocated at the kernel's root that run a point twice within one copy of it
+    (the copies: the iterations of the loops around all the blocks accessing it). Buffers accessed by a block
+    nested in another (a blockized tile, whose loops are counted from its outer block) are not analysed."""
+    races = []
+    for buf in func.body.block.alloc_buffers:
+        users = [(rv, top) for rv, top in blocks
+                 if any(r.source.same_as(buf) for r in list(sch.get(rv).reads) + list(sch.get(rv).writes))]
+        writers = [rv for rv, _ in users if any(w.source.same_as(buf) for w in sch.get(rv).writes)]
+        if not writers or not all(top for _, top in users):
+            continue
+        nests = [[sch.get(lp) for lp in sch.get_loops(rv)] for rv, _ in users]
+        shared = 0                  # loops around every access: each iteration has its own copy
+        while all(len(n) > shared and n[shared].same_as(nests[0][shared]) for n in nests):
+            shared += 1
+        for rv in writers:
+            block = sch.get(rv)
+            if OVERLAPPING_WRITES in block.annotations or not block.iter_vars:
+                continue
+            counts = point_counts(sch, rv, copies=shared)
+            if counts is not None and (counts.twice or counts.outside):
+                races.append(Race(block.name_hint, str(buf.name), counts, output=False))
     return races
 
 
@@ -148,11 +182,13 @@ def elements_written_twice(block, buf) -> int | None:
 
 
 def _all_blocks(sch) -> list:
-    """Every block of ``main`` below its root, as block handles (names can repeat, so no lookup by name)."""
+    """(handle, whether its parent is the root) of every block of ``main`` below its root (names can repeat,
+    so no lookup by name)."""
     root = sch.get_sblock(sch.mod["main"].body.block.name_hint, func_name="main")
-    out, todo = [], [root]
+    out, todo = [], [(root, None)]
     while todo:
-        children = sch.get_child_blocks(todo.pop())
-        out += list(children)
-        todo += list(children)
+        parent, _ = todo.pop()
+        children = [(c, parent is root) for c in sch.get_child_blocks(parent)]
+        out += children
+        todo += children
     return out
