@@ -1,4 +1,4 @@
-"""Each point of an output block's domain run once: the schedule phase's check on every rule's schedule.
+"""Each point of a block's domain run once, each output element written once: a check on every rule's schedule.
 
 A rule that places a block per tile (``reverse_compute_at`` of an epilogue under a tile loop) gets TVM's bound
 of the block's iterations under one tile; where the block reads the tile through a reshape, that bound can be
@@ -19,7 +19,8 @@ such a buffer inside the innermost loop around all the blocks that access it, so
 above that point each have a copy, and a point computed again in another copy is the rules' intended
 recomputation (a conv's padded input staged per tile with its halo rows, a key transpose per query block).
 A point run twice within one copy is the race again: a buffer shared by the tasks (the blocks accessing it
-placed apart, one at the root), written by two of them, one from a tile that does not hold the point. Only
+placed apart, one at the root), written by two of them, one from a tile that does not hold the point (or, in
+one task, written twice in turn, the later value kept whichever is right). Only
 the domain check is made there: an intermediate's index map may overlap on purpose, and points never run are
 points never read (a padded border a tile does not need).
 
