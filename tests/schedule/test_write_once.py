@@ -14,7 +14,7 @@ from tvm_ascendfuse.report import FusionReport
 from tvm_ascendfuse.schedule import apply as ap
 from tvm_ascendfuse.schedule import matmul as matmul_rule
 from tvm_ascendfuse.schedule.common import ok
-from tvm_ascendfuse.schedule.row_blocks import point_counts
+from tvm_ascendfuse.schedule.row_blocks import PointCounts, point_counts
 from tvm_ascendfuse.schedule.write_once import OVERLAPPING_WRITES, elements_written_twice, output_races
 
 from .kernels import HOST, NATIVE, NPU, fused_kernel
@@ -218,3 +218,24 @@ def test_an_intermediate_recomputed_per_tile_is_no_race():
     produced = [b for b in blocks if point_counts(sch, b) is not None and point_counts(sch, b).twice]
     assert produced                             # the halo: points computed by two tiles
     assert output_races(sch) == []
+
+
+def test_loops_of_one_name_are_told_apart():
+    """A placed block's loops can share a name (``ax1_0`` of a split above ``ax1_0`` of the placement, as in
+    ResNet-50's conv epilogues); keyed by name, the second would shadow the first and the check would see
+    every column run in every row."""
+    import tvm_ffi
+    from tvm import tirx
+
+    f = fused_kernel(lambda x: op.nn.relu(x), [(4, 8)])
+    sch = s_tir.Schedule(f)
+    blk = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    outer, inner = (sch.get(lp).loop_var for lp in sch.get_loops(blk))
+    twin = tirx.Var(outer.name, inner.ty)
+    body = tvm_ffi.structural_map(f.body, (tvm.ir.Var, lambda v: twin if v.same_as(inner) else v))
+    g = tirx.PrimFunc(f.params, body, f.ret_type, f.attrs)
+    sch = s_tir.Schedule(g)
+    blk = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    names = [sch.get(lp).loop_var.name for lp in sch.get_loops(blk)]
+    assert names[0] == names[1]
+    assert point_counts(sch, blk) == PointCounts(domain=32, twice=0, missed=0, outside=0)

@@ -28,6 +28,8 @@ import dataclasses
 import math
 
 import numpy as np
+import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
@@ -119,10 +121,14 @@ def point_counts(sch, block, copies: int = 0) -> PointCounts | None:
     ivs = realize.block.iter_vars
     if any(not isinstance(iv.dom.extent, tirx.IntImm) or not isinstance(iv.dom.min, tirx.IntImm) for iv in ivs):
         return None
-    names = [f.loop_var.name for f in fors]
-    if len(set(names)) != len(names):
-        return None                 # two loops of one name: the evaluation keys loops by name
-    conjuncts = _conjuncts(realize.predicate)
+    values, predicate = list(realize.iter_values), realize.predicate
+    if len({f.loop_var.name for f in fors}) != len(fors):
+        # two loops of one name (a placed block's ``ax1_0`` under a split's ``ax1_0``): the evaluation keys
+        # loops by name, so each loop gets a fresh one
+        fresh = [tirx.Var(f"loop{k}", f.loop_var.ty) for k, f in enumerate(fors)]
+        values, predicate = (_renamed(e, fors, fresh) for e in (values, predicate))
+        fors = [tirx.For(v, f.min, f.extent, f.kind, f.body) for v, f in zip(fresh, fors)]
+    conjuncts = _conjuncts(predicate)
     # union-find over the loops, joined by every binding and predicate conjunct that uses several
     parent = list(range(len(fors)))
 
@@ -136,7 +142,7 @@ def point_counts(sch, block, copies: int = 0) -> PointCounts | None:
         found = collect_vars_used_in_prim_expr(expr)
         return [k for k, f in enumerate(fors) if any(v.same_as(f.loop_var) for v in found)]
 
-    uses_iv = [used(v) for v in realize.iter_values]
+    uses_iv = [used(v) for v in values]
     uses_pred = [used(c) for c in conjuncts]
     for ks in uses_iv + uses_pred:
         for k in ks[1:]:
@@ -151,7 +157,7 @@ def point_counts(sch, block, copies: int = 0) -> PointCounts | None:
         (groups[find(ks[0])] if ks else constant)[2].append(j)
     runs = in_domain = reached = single = 1
     for loops, iv_ids, pred_ids in [constant, *groups.values()]:
-        part = _group_counts(fors, loops, [ivs[j] for j in iv_ids], [realize.iter_values[j] for j in iv_ids],
+        part = _group_counts(fors, loops, [ivs[j] for j in iv_ids], [values[j] for j in iv_ids],
                              [conjuncts[j] for j in pred_ids], [k for k in loops if k < copies])
         if part is None:
             return None
@@ -159,6 +165,12 @@ def point_counts(sch, block, copies: int = 0) -> PointCounts | None:
         runs, in_domain, reached, single = runs * g_runs, in_domain * g_in, reached * g_reached, single * g_single
     domain = math.prod(int(iv.dom.extent) for iv in ivs) * math.prod(int(f.extent) for f in fors[:copies])
     return PointCounts(domain=domain, twice=reached - single, missed=domain - reached, outside=runs - in_domain)
+
+
+def _renamed(expr, fors, fresh):
+    def on_var(v):
+        return next((new for f, new in zip(fors, fresh) if v.same_as(f.loop_var)), v)
+    return tvm_ffi.structural_map(expr, (tvm.ir.Var, on_var))
 
 
 def _conjuncts(pred) -> list:
