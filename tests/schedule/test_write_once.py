@@ -222,19 +222,19 @@ def test_an_intermediate_recomputed_per_tile_is_no_race():
 
 def test_loops_of_one_name_are_told_apart():
     """A placed block's loops can share a name (``ax1_0`` of a split above ``ax1_0`` of the placement, as in
-    ResNet-50's conv epilogues); keyed by name, the second would shadow the first and the check would see
-    every column run in every row."""
+    ResNet-50's conv epilogues); keyed by name, the inner would shadow the outer in ``i * 4 + j`` and the
+    check would see 8 of the 32 points run, each 4 times."""
     import tvm_ffi
     from tvm import tirx
 
-    f = fused_kernel(lambda x: op.nn.relu(x), [(4, 8)])
-    sch = s_tir.Schedule(f)
+    sch = s_tir.Schedule(fused_kernel(lambda x: op.nn.relu(x), [(32,)]))
     blk = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    sch.split(sch.get_loops(blk)[0], [8, 4])
+    f = sch.mod["main"]
     outer, inner = (sch.get(lp).loop_var for lp in sch.get_loops(blk))
     twin = tirx.Var(outer.name, inner.ty)
     body = tvm_ffi.structural_map(f.body, (tvm.ir.Var, lambda v: twin if v.same_as(inner) else v))
-    g = tirx.PrimFunc(f.params, body, f.ret_type, f.attrs)
-    sch = s_tir.Schedule(g)
+    sch = s_tir.Schedule(tirx.PrimFunc(f.params, body, f.ret_type, f.attrs))
     blk = sch.get_child_blocks(sch.get_sblock("root"))[0]
     names = [sch.get(lp).loop_var.name for lp in sch.get_loops(blk)]
     assert names[0] == names[1]
