@@ -203,7 +203,8 @@ class ApplyUBSchedules(PyPass):
         unchanged when no rule fits. A rule error is ``{"rule": name, "message": the exception}``; an overflow
         the record of a schedule over on-chip capacity and what was done about it (``ub_overflow_recovered``);
         a race the record of a schedule refused because a block writing an output runs some point of its
-        domain twice (``write_races_refused``)."""
+        domain twice or writes an element twice, or one writing a buffer of the kernel's own runs a point twice
+        within a copy of it (``write_races_refused``, ``write_once.py``)."""
         notes, errors, overflows, races = [], [], [], []
         prepared = prepared_kernel(func)
         # the rules size tiles in the bytes the kernel's tensors take on the NPU (16 bits under a 16-bit plan)
@@ -269,10 +270,9 @@ class ApplyUBSchedules(PyPass):
 
     @staticmethod
     def _race(name: str, rule, sch, errors) -> dict | None:
-        """The record of the first block of a rule's schedule that writes an output and runs some point of its
-        domain more than once (``write_once.output_races``: two tasks writing one element, one of them from
-        data it did not compute, is a race no per-kernel check is sure to see), else None. A failure of the
-        check itself is a rule error of the guard's, not a refusal."""
+        """The record of the first block of a rule's schedule that ``write_once.output_races`` reports (two
+        tasks writing one element, one of them from data it did not compute, is a race no numerical check is
+        sure to see), else None. A failure of the check itself is recorded as a rule error, not a refusal."""
         try:
             found = output_races(sch)
         except Exception as err:  # noqa: BLE001 - the check's bug must not cost the build
@@ -282,9 +282,10 @@ class ApplyUBSchedules(PyPass):
             return None
         race = found[0]
         c = race.counts
-        return {"kernel": name, "rule": rule.name, "block": race.block, "buffer": race.buffer, "buffer_is_output": race.output,
-                "domain_points": c.domain, "points_run_twice": c.twice, "points_missed": c.missed,
-                "iterations_outside": c.outside, "elements_written_twice": race.elements_twice, "blocks": len(found),
+        return {"kernel": name, "rule": rule.name, "block": race.block, "buffer": race.buffer,
+                "buffer_is_output": race.output, "domain_points": c.domain, "points_run_twice": c.twice,
+                "points_missed": c.missed, "iterations_outside": c.outside,
+                "elements_written_twice": race.elements_twice, "blocks": len(found),
                 "message": f"kernel {name}: its {race.describe()}"
                            + (f" ({len(found) - 1} more such block(s))" if len(found) > 1 else "")}
 
