@@ -79,6 +79,12 @@ def summary_text(report: dict) -> str:
         out.append(_fmt_table([[r.get("kernel"), r.get("scope"), r.get("needed_bytes"), r.get("available_bytes"),
                                 r.get("action"), r.get("final_rule") or ""] for r in recovered],
                               ["kernel", "scope", "needed B", "available B", "done", "rule"]))
+    races = report.get("write_races_refused") or []
+    if races:
+        out.append("rule schedules refused: a block writing an output runs some point twice (a race):")
+        out.append(_fmt_table([[r.get("kernel"), r.get("rule"), r.get("block"), r.get("points_run_twice"),
+                                r.get("final_rule") or "unscheduled"] for r in races],
+                              ["kernel", "rule", "block", "points twice", "taken instead"]))
     build = report.get("build") or {}
     if build.get("slowest_kernels"):
         out.append(f"TIR/LLVM build: {build.get('tir_build_seconds')} s on {build.get('jobs')} thread(s); "

@@ -60,6 +60,7 @@ from .recurrence import RecurrenceRule
 from .reduction import GemmNormRule, ReductionRule
 from .squeeze_excite import SqueezeExciteRule
 from .tuned import tuned_rules
+from .write_once import output_races
 
 # Most specific first. The kernels a converter or graph pass wrote themselves, recognised by their blocks or
 # tag, before all: a whole recurrent layer, the flash-decoding attention. Squeeze-excite (a spatial sum then two
@@ -198,10 +199,13 @@ class ApplyUBSchedules(PyPass):
         return self.rules
 
     def schedule_one(self, name: str, func: tirx.PrimFunc, host):
-        """(new function, rule name, notes, rule errors, overflows) for one kernel; the function is unchanged
-        when no rule fits. A rule error is ``{"rule": name, "message": the exception}``; an overflow the record
-        of a schedule over on-chip capacity and what was done about it (``ub_overflow_recovered``)."""
-        notes, errors, overflows = [], [], []
+        """(new function, rule name, notes, rule errors, overflows, races) for one kernel; the function is
+        unchanged when no rule fits. A rule error is ``{"rule": name, "message": the exception}``; an overflow
+        the record of a schedule over on-chip capacity and what was done about it (``ub_overflow_recovered``);
+        a race the record of a schedule refused because a block writing an output runs some point of its
+        domain twice or writes an element twice, or one writing a buffer of the kernel's own runs a point twice
+        within a copy of it (``write_races_refused``, ``write_once.py``)."""
+        notes, errors, overflows, races = [], [], [], []
         prepared = prepared_kernel(func)
         # the rules size tiles in the bytes the kernel's tensors take on the NPU (16 bits under a 16-bit plan)
         target = kernel_target(self.target, func)
@@ -245,6 +249,11 @@ class ApplyUBSchedules(PyPass):
                 notes.append(f"{rule.name}: declined, its schedule writes {written} of the {size} elements of "
                              f"output {out} (an epilogue placed per tile over part of its range)")
                 continue
+            race = self._race(name, rule, result.sch, errors)
+            if race is not None:
+                races.append(race)
+                notes.append(f"{rule.name}: declined, {race['message']}")
+                continue
             for key, value in (func.attrs or {}).items():
                 new = new.with_attr(key, value)
             if result.note:
@@ -252,12 +261,33 @@ class ApplyUBSchedules(PyPass):
             # whichever rule made it: no vector or unrolled nest that makes LLVM's time explode (code_size.py)
             new, size_notes = bound_code_size(new, host)
             notes += size_notes
-            for record in overflows:
+            for record in overflows + races:
                 record["final_rule"] = rule.name
-            return new.with_attr("tirx.is_scheduled", True), rule.name, notes, errors, overflows
-        for record in overflows:
+            return new.with_attr("tirx.is_scheduled", True), rule.name, notes, errors, overflows, races
+        for record in overflows + races:
             record["final_rule"] = None     # left to TVM's lowering as it is (no on-chip buffers)
-        return func, None, notes, errors, overflows
+        return func, None, notes, errors, overflows, races
+
+    @staticmethod
+    def _race(name: str, rule, sch, errors) -> dict | None:
+        """The record of the first block of a rule's schedule that ``write_once.output_races`` reports (two
+        tasks writing one element, one of them from data it did not compute, is a race no numerical check is
+        sure to see), else None. A failure of the check itself is recorded as a rule error, not a refusal."""
+        try:
+            found = output_races(sch)
+        except Exception as err:  # noqa: BLE001 - the check's bug must not cost the build
+            errors.append({"rule": f"{rule.name} (write-once check)", "message": _message(err)})
+            return None
+        if not found:
+            return None
+        race = found[0]
+        c = race.counts
+        return {"kernel": name, "rule": rule.name, "block": race.block, "buffer": race.buffer,
+                "buffer_is_output": race.output, "domain_points": c.domain, "points_run_twice": c.twice,
+                "points_missed": c.missed, "iterations_outside": c.outside,
+                "elements_written_twice": race.elements_twice, "blocks": len(found),
+                "message": f"kernel {name}: its {race.describe()}"
+                           + (f" ({len(found) - 1} more such block(s))" if len(found) > 1 else "")}
 
     def _attempt(self, rule, prepared, target, host, errors):
         try:
@@ -281,7 +311,7 @@ class ApplyUBSchedules(PyPass):
 
     def transform_module(self, mod):
         host = host_of(self.host)
-        chosen, all_notes, all_errors, all_overflows = {}, {}, {}, []
+        chosen, all_notes, all_errors, all_overflows, all_races = {}, {}, {}, [], []
         todo = [(gv, func) for gv, func in mod.functions.items() if isinstance(func, tirx.PrimFunc)
                 and not (func.attrs is not None and "tirx.is_scheduled" in func.attrs)]
         # on a terminal, a bar once scheduling takes more than two seconds (large models)
@@ -290,8 +320,9 @@ class ApplyUBSchedules(PyPass):
             for gv, func in todo:
                 results.append((gv, func, *self.schedule_one(gv.name_hint, func, host)))
                 shown.update()
-        for gv, func, new, rule, notes, errors, overflows in results:
+        for gv, func, new, rule, notes, errors, overflows, races in results:
             all_overflows += overflows
+            all_races += races
             chosen[gv.name_hint] = rule or "unscheduled"
             if notes:
                 all_notes[gv.name_hint] = notes
@@ -310,6 +341,8 @@ class ApplyUBSchedules(PyPass):
                 self.report.sections.setdefault("rule_errors", {}).update(all_errors)
             if all_overflows:
                 self.report.sections.setdefault("ub_overflow_recovered", []).extend(all_overflows)
+            if all_races:
+                self.report.sections.setdefault("write_races_refused", []).extend(all_races)
             for row in self.report.kernels:
                 if row.get("name") in chosen:
                     row["rule"] = chosen[row["name"]]
@@ -363,7 +396,7 @@ class ScheduleKernels(PyPass):
         for key in ("schedules", "schedule_notes", "rule_errors"):
             if key in sections:
                 sections[key] = {final.get(k, k): v for k, v in sections[key].items()}
-        for record in sections.get("ub_overflow_recovered", []):
+        for record in sections.get("ub_overflow_recovered", []) + sections.get("write_races_refused", []):
             if record.get("kernel") in final and "source_kernel" not in record:
                 record["source_kernel"] = first_inverse.get(record["kernel"], record["kernel"])
                 record["kernel"] = final[record["kernel"]]

@@ -27,6 +27,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from .layout import PREPROC_ANNOTATION, is_layout_free
+from .write_once import OVERLAPPING_WRITES
 
 OVERLAP_WEIGHT_BLOCK = "weight_channel_overlap"
 OVERLAP_STORE_BLOCK = "channel_overlap_store"
@@ -107,7 +108,7 @@ def _regions(block, buffers):
     return list(reads), list(writes)
 
 
-def _copy_nest(name, dst, dst_at, src, src_at, shape, itype, buffers, reads=None):
+def _copy_nest(name, dst, dst_at, src, src_at, shape, itype, buffers, reads=None, annotations=None):
     """A root loop nest of one block over ``shape``: ``dst[dst_at(vars)] = src[src_at(vars)]``; its access
     regions detected from the body over ``buffers`` unless ``reads`` is given."""
     loops = [tirx.Var(f"{name}_i{i}", itype) for i in range(len(shape))]
@@ -116,7 +117,8 @@ def _copy_nest(name, dst, dst_at, src, src_at, shape, itype, buffers, reads=None
     vs = [iv.var for iv in ivs]
     store = tirx.BufferStore(dst, tirx.BufferLoad(src, src_at(vs)), dst_at(vs))
     detected, writes = _regions(s_tir.SBlock(ivs, [], [], name, store), buffers)
-    block = s_tir.SBlock(ivs, detected if reads is None else reads, writes, name, store)
+    block = s_tir.SBlock(ivs, detected if reads is None else reads, writes, name, store, None, [], [],
+                         dict(annotations or {}))
     stmt = s_tir.SBlockRealize(loops, True, block)
     for var, iv in reversed(list(zip(loops, ivs))):
         stmt = tirx.For(var, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, stmt)
@@ -228,8 +230,11 @@ def overlap_channel_blocks(func: tirx.PrimFunc, stage: str, conv: str, last: str
     if None in o_shape:
         return None     # a symbolic batch: the copy nest's extent would be symbolic (not built here)
     at_channel = lambda vs: [vs[0], source_channel(vs[1], channels, lanes), *vs[2:]]  # noqa: E731
+    # the last block's slots store channels C - L .. C - 1, some of which the block before stored too: the
+    # same values (both computed from the same input, weight and bias channels), so the two stores of a
+    # channel agree whichever task lands last; marked for the schedule phase's write-once check
     store_nest = _copy_nest(OVERLAP_STORE_BLOCK, out, at_channel, res_p, lambda vs: vs, o_shape, itype,
-                            all_bufs)
+                            all_bufs, annotations={OVERLAPPING_WRITES: 1})
     # the weight: a slot-indexed copy, read whole (the pre-packing moves the block out of the kernel)
     w_full = [tvm.ir.Range.from_min_extent(tirx.IntImm(itype, 0), d) for d in weight.ty.shape]
     weight_nest = _copy_nest(OVERLAP_WEIGHT_BLOCK, w_p, lambda vs: vs, weight,

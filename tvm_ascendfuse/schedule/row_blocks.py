@@ -24,9 +24,12 @@ loops must reach every point of its iteration domain exactly once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
+import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
@@ -73,40 +76,152 @@ def exact_row_blocks(stmt, buf, axis: int, rows: int, candidates) -> list | None
     return [r for r in candidates if r >= rows or _boxes(row // r, coords)]
 
 
+@dataclasses.dataclass(frozen=True)
+class PointCounts:
+    """How the loops around a block run the points of its iteration domain: ``domain`` points in all,
+    ``twice`` of them run more than once, ``missed`` never run, and ``outside`` loop iterations that run a
+    point outside the domain."""
+    domain: int
+    twice: int
+    missed: int
+    outside: int
+
+    @property
+    def once(self) -> bool:
+        return self.twice == 0 and self.missed == 0 and self.outside == 0
+
+
 def runs_each_point_once(sch, block) -> bool | None:
     """Does ``block``, where its loops place it now, run every point of its iteration domain exactly once
     (its bindings evaluated over all its loops, under its predicate)? None when that cannot be evaluated
-    (a symbolic extent or binding, more than ``_MAX_POINTS`` loop iterations, a non-integer expression)."""
+    (a symbolic extent or binding, a group of loops of more than ``_MAX_POINTS`` iterations, a non-integer
+    expression)."""
+    counts = point_counts(sch, block)
+    return None if counts is None else counts.once
+
+
+def point_counts(sch, block, copies: int = 0) -> PointCounts | None:
+    """``PointCounts`` of ``block`` where its loops place it now; None as for ``runs_each_point_once``.
+
+    ``copies``: the block's outermost ``copies`` loops each give their iterations a copy of the domain of their
+    own (a buffer allocated inside them: TVM allocates a buffer at the innermost loop around all its
+    accesses), so a point run once in each of two iterations of them is run once per copy. The domain is then
+    the copies times the block's domain.
+
+    The loops are evaluated in independent groups, not as one grid: two loops are in one group when a binding
+    or a conjunct of the predicate uses both. The map from the loops' iterations to the domain is then a
+    product of the groups' maps, and so are the counts (a point runs once iff its part in every group does;
+    it runs at all iff every part does). A typical placed block binds most iterators to a loop of their own
+    (groups of one loop, a few hundred points) and only a reshaped index to a few loops together, so a
+    block of millions of iterations costs the numpy evaluation of its largest group only."""
     realize = get_realize(sch, block)
     fors = [sch.get(lp) for lp in sch.get_loops(block)]
     if any(not isinstance(f.extent, tirx.IntImm) or not isinstance(f.min, tirx.IntImm) for f in fors):
         return None
-    extents = [int(f.extent) for f in fors]
     ivs = realize.block.iter_vars
-    if math.prod(extents) > _MAX_POINTS or any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in ivs):
+    if any(not isinstance(iv.dom.extent, tirx.IntImm) or not isinstance(iv.dom.min, tirx.IntImm) for iv in ivs):
         return None
-    grids = np.meshgrid(*[np.arange(e, dtype=np.int64) + int(f.min) for e, f in zip(extents, fors)],
-                        indexing="ij") if fors else []
-    env = {f.loop_var.name: g.reshape(-1) for f, g in zip(fors, grids)}
+    values, predicate = list(realize.iter_values), realize.predicate
+    if len({f.loop_var.name for f in fors}) != len(fors):
+        # two loops of one name (a placed block's ``ax1_0`` under a split's ``ax1_0``): the evaluation keys
+        # loops by name, so each loop gets a fresh one
+        fresh = [tirx.Var(f"loop{k}", f.loop_var.ty) for k, f in enumerate(fors)]
+        values, predicate = (_renamed(e, fors, fresh) for e in (values, predicate))
+        fors = [tirx.For(v, f.min, f.extent, f.kind, f.body) for v, f in zip(fresh, fors)]
+    conjuncts = _conjuncts(predicate)
+    # union-find over the loops, joined by every binding and predicate conjunct that uses several
+    parent = list(range(len(fors)))
+
+    def find(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    def used(expr) -> list:
+        found = collect_vars_used_in_prim_expr(expr)
+        return [k for k, f in enumerate(fors) if any(v.same_as(f.loop_var) for v in found)]
+
+    uses_iv = [used(v) for v in values]
+    uses_pred = [used(c) for c in conjuncts]
+    for ks in uses_iv + uses_pred:
+        for k in ks[1:]:
+            parent[find(k)] = find(ks[0])
+    groups: dict = {}
+    for k in range(len(fors)):
+        groups.setdefault(find(k), ([], [], []))[0].append(k)
+    constant = ([], [], [])          # bindings and conjuncts of no loop: one point, evaluated once
+    for j, ks in enumerate(uses_iv):
+        (groups[find(ks[0])] if ks else constant)[1].append(j)
+    for j, ks in enumerate(uses_pred):
+        (groups[find(ks[0])] if ks else constant)[2].append(j)
+    runs = in_domain = reached = single = 1
+    for loops, iv_ids, pred_ids in [constant, *groups.values()]:
+        part = _group_counts(fors, loops, [ivs[j] for j in iv_ids], [values[j] for j in iv_ids],
+                             [conjuncts[j] for j in pred_ids], [k for k in loops if k < copies])
+        if part is None:
+            return None
+        g_runs, g_in, g_reached, g_single = part
+        runs, in_domain, reached, single = runs * g_runs, in_domain * g_in, reached * g_reached, single * g_single
+    domain = math.prod(int(iv.dom.extent) for iv in ivs) * math.prod(int(f.extent) for f in fors[:copies])
+    return PointCounts(domain=domain, twice=reached - single, missed=domain - reached, outside=runs - in_domain)
+
+
+def _renamed(expr, fors, fresh):
+    def on_var(v):
+        return next((new for f, new in zip(fors, fresh) if v.same_as(f.loop_var)), v)
+    return tvm_ffi.structural_map(expr, (tvm.ir.Var, on_var))
+
+
+def _conjuncts(pred) -> list:
+    if isinstance(pred, tirx.And):
+        return _conjuncts(pred.a) + _conjuncts(pred.b)
+    if isinstance(pred, tirx.IntImm) and int(pred.value):
+        return []
+    return [pred]
+
+
+def _group_counts(fors, loops, ivs, values, conjuncts, copy_loops=()):
+    """(loop iterations that run, of them those inside the domain, domain points reached, points reached once)
+    of one group: ``loops`` (positions in ``fors``), the iterators bound by them and the predicate's
+    conjuncts over them, ``copy_loops`` those of ``loops`` whose iterations each have a copy of the domain
+    (their values are coordinates of the points too); None when it cannot be evaluated."""
+    extents = [int(fors[k].extent) for k in loops]
     points = math.prod(extents)
-    values = []
-    for iv, value in zip(ivs, realize.iter_values):
+    if points > _MAX_POINTS:
+        return None
+    grids = np.meshgrid(*[np.arange(e, dtype=np.int64) + int(fors[k].min) for e, k in zip(extents, loops)],
+                        indexing="ij") if loops else []
+    env = {fors[k].loop_var.name: g.reshape(-1) for k, g in zip(loops, grids)}
+    run = np.ones(points, dtype=bool)
+    for c in conjuncts:
+        v = _evaluate(c, env)
+        if v is None:
+            return None
+        run &= np.broadcast_to(np.asarray(v, dtype=bool), (points,))
+    dims = [int(iv.dom.extent) for iv in ivs]
+    inside = run.copy()
+    coords = []
+    for iv, value, d in zip(ivs, values, dims):
         v = _evaluate(value, env)
         if v is None:
             return None
-        values.append(np.broadcast_to(np.asarray(v, dtype=np.int64), (points,)) - int(iv.dom.min))
-    pred = _evaluate(realize.predicate, env) if not isinstance(realize.predicate, tirx.IntImm) \
-        else np.int64(int(realize.predicate))
-    if pred is None:
-        return None
-    run = np.broadcast_to(np.asarray(pred, dtype=bool), (points,))
-    dims = [int(iv.dom.extent) for iv in ivs]
+        v = np.broadcast_to(np.asarray(v, dtype=np.int64), (points,)) - int(iv.dom.min)
+        inside &= (v >= 0) & (v < d)
+        coords.append(v)
+    for k in copy_loops:
+        coords.append(env[fors[k].loop_var.name] - int(fors[k].min))
+        dims.append(int(fors[k].extent))
+    runs, hits_in = int(run.sum()), int(inside.sum())
+    size = math.prod(dims)
     if not dims:
-        return int(run.sum()) == 1
-    if any(((v[run] < 0) | (v[run] >= d)).any() for v, d in zip(values, dims)):
-        return False
-    hits = np.bincount(np.ravel_multi_index([v[run] for v in values], dims), minlength=math.prod(dims))
-    return bool((hits == 1).all())
+        return runs, hits_in, int(hits_in > 0), int(hits_in == 1)
+    flat = np.ravel_multi_index([c[inside] for c in coords], dims)
+    if size <= 4 * _MAX_POINTS:
+        hits = np.bincount(flat, minlength=size)
+        return runs, hits_in, int((hits > 0).sum()), int((hits == 1).sum())
+    _, counts = np.unique(flat, return_counts=True)       # a large domain reached by few iterations
+    return runs, hits_in, int(counts.size), int((counts == 1).sum())
 
 
 def reads_tiles_one_to_one(stmt, buf, tiles) -> bool:
