@@ -165,16 +165,16 @@ def _whole_grid_counts(sch, block):
     import math
 
     from tvm_ascendfuse.schedule.common import get_realize
-    from tvm_ascendfuse.schedule.row_blocks import PointCounts, _evaluate
+    from tvm_ascendfuse.schedule.row_blocks import PointCounts, evaluate_index
 
     realize = get_realize(sch, block)
     fors = [sch.get(lp) for lp in sch.get_loops(block)]
     grids = np.meshgrid(*[np.arange(int(f.extent)) + int(f.min) for f in fors], indexing="ij")
     env = {f.loop_var.name: g.reshape(-1) for f, g in zip(fors, grids)}
     n = grids[0].size
-    run = np.broadcast_to(np.asarray(_evaluate(realize.predicate, env), dtype=bool), (n,))
+    run = np.broadcast_to(np.asarray(evaluate_index(realize.predicate, env), dtype=bool), (n,))
     ivs = realize.block.iter_vars
-    vals = [np.broadcast_to(np.asarray(_evaluate(v, env)), (n,)) - int(iv.dom.min)
+    vals = [np.broadcast_to(np.asarray(evaluate_index(v, env)), (n,)) - int(iv.dom.min)
             for iv, v in zip(ivs, realize.iter_values)]
     dims = [int(iv.dom.extent) for iv in ivs]
     inside = run & np.all([(v >= 0) & (v < d) for v, d in zip(vals, dims)], axis=0)

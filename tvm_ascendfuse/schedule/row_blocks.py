@@ -35,7 +35,7 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from .common import get_realize
 
-_MAX_POINTS = 1 << 20        # iterator grids evaluated with numpy; larger ones are not analysed
+MAX_POINTS = 1 << 20        # iterator grids evaluated with numpy; larger ones are not analysed
 
 _BINARY = {tirx.Add: np.add, tirx.Sub: np.subtract, tirx.Mul: np.multiply, tirx.FloorDiv: np.floor_divide,
            tirx.FloorMod: np.mod, tirx.Min: np.minimum, tirx.Max: np.maximum,
@@ -43,7 +43,7 @@ _BINARY = {tirx.Add: np.add, tirx.Sub: np.subtract, tirx.Mul: np.multiply, tirx.
            tirx.EQ: np.equal, tirx.NE: np.not_equal, tirx.And: np.logical_and, tirx.Or: np.logical_or}
 
 
-def _evaluate(expr, env: dict):
+def evaluate_index(expr, env: dict):
     """``expr`` over integer numpy arrays (``env``: iterator name -> values), None for anything but integer
     arithmetic of iterators and constants."""
     if isinstance(expr, tirx.IntImm):
@@ -51,11 +51,11 @@ def _evaluate(expr, env: dict):
     if isinstance(expr, tirx.Var):
         return env.get(expr.name)
     if isinstance(expr, tirx.Cast):
-        return _evaluate(expr.value, env)
+        return evaluate_index(expr.value, env)
     op = _BINARY.get(type(expr))
     if op is None:
         return None
-    a, b = _evaluate(expr.a, env), _evaluate(expr.b, env)
+    a, b = evaluate_index(expr.a, env), evaluate_index(expr.b, env)
     return None if a is None or b is None else op(a, b)
 
 
@@ -94,7 +94,7 @@ class PointCounts:
 def runs_each_point_once(sch, block) -> bool | None:
     """Does ``block``, where its loops place it now, run every point of its iteration domain exactly once
     (its bindings evaluated over all its loops, under its predicate)? None when that cannot be evaluated
-    (a symbolic extent or binding, a group of loops of more than ``_MAX_POINTS`` iterations, a non-integer
+    (a symbolic extent or binding, a group of loops of more than ``MAX_POINTS`` iterations, a non-integer
     expression)."""
     counts = point_counts(sch, block)
     return None if counts is None else counts.once
@@ -188,14 +188,14 @@ def _group_counts(fors, loops, ivs, values, conjuncts, copy_loops=()):
     (their values are coordinates of the points too); None when it cannot be evaluated."""
     extents = [int(fors[k].extent) for k in loops]
     points = math.prod(extents)
-    if points > _MAX_POINTS:
+    if points > MAX_POINTS:
         return None
     grids = np.meshgrid(*[np.arange(e, dtype=np.int64) + int(fors[k].min) for e, k in zip(extents, loops)],
                         indexing="ij") if loops else []
     env = {fors[k].loop_var.name: g.reshape(-1) for k, g in zip(loops, grids)}
     run = np.ones(points, dtype=bool)
     for c in conjuncts:
-        v = _evaluate(c, env)
+        v = evaluate_index(c, env)
         if v is None:
             return None
         run &= np.broadcast_to(np.asarray(v, dtype=bool), (points,))
@@ -203,7 +203,7 @@ def _group_counts(fors, loops, ivs, values, conjuncts, copy_loops=()):
     inside = run.copy()
     coords = []
     for iv, value, d in zip(ivs, values, dims):
-        v = _evaluate(value, env)
+        v = evaluate_index(value, env)
         if v is None:
             return None
         v = np.broadcast_to(np.asarray(v, dtype=np.int64), (points,)) - int(iv.dom.min)
@@ -217,7 +217,7 @@ def _group_counts(fors, loops, ivs, values, conjuncts, copy_loops=()):
     if not dims:
         return runs, hits_in, int(hits_in > 0), int(hits_in == 1)
     flat = np.ravel_multi_index([c[inside] for c in coords], dims)
-    if size <= 4 * _MAX_POINTS:
+    if size <= 4 * MAX_POINTS:
         hits = np.bincount(flat, minlength=size)
         return runs, hits_in, int((hits > 0).sum()), int((hits == 1).sum())
     _, counts = np.unique(flat, return_counts=True)       # a large domain reached by few iterations
@@ -298,13 +298,13 @@ def _grid(stmt, exprs):
     None when one is symbolic, the grid is too large or an expression is not integer arithmetic."""
     ivs = [iv for iv in stmt.iter_vars if any(_uses(e, iv.var) for e in exprs)]
     extents = [int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else None for iv in ivs]
-    if None in extents or math.prod(extents) > _MAX_POINTS:
+    if None in extents or math.prod(extents) > MAX_POINTS:
         return None
     grids = np.meshgrid(*[np.arange(e, dtype=np.int64) for e in extents], indexing="ij") if ivs else []
     env = {iv.var.name: g.reshape(-1) for iv, g in zip(ivs, grids)}
     values = []
     for e in exprs:
-        v = _evaluate(e, env)
+        v = evaluate_index(e, env)
         if v is None:
             return None
         values.append(np.broadcast_to(np.asarray(v, dtype=np.int64), (math.prod(extents),)))
@@ -348,7 +348,7 @@ def loop_tiles(sch, block, loop) -> list | None:
     outer = fors[:pos + 1]
     inner = [f for f in fors[pos + 1:] if any(_uses(v, f.loop_var) for v in binding.values())]
     extents = [int(f.extent) if isinstance(f.extent, tirx.IntImm) else None for f in inner]
-    if None in extents or math.prod(extents) > _MAX_POINTS:
+    if None in extents or math.prod(extents) > MAX_POINTS:
         return None
     shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in write.source.ty.shape]
     grids = np.meshgrid(*[np.arange(e, dtype=np.int64) for e in extents], indexing="ij") if inner else []
@@ -359,10 +359,10 @@ def loop_tiles(sch, block, loop) -> list | None:
             env = {f.loop_var.name: np.int64(outer_at if k == pos else 0) for k, f in enumerate(outer)}
             env.update({f.loop_var.name: np.int64(0) for f in fors[pos + 1:]})
             env.update({f.loop_var.name: g.reshape(-1) for f, g in zip(inner, grids)})
-            env.update({name: _evaluate(value, env) for name, value in binding.items()})
+            env.update({name: evaluate_index(value, env) for name, value in binding.items()})
             if any(v is None for v in env.values()):
                 return None
-            idx = _evaluate(rg.min, env)
+            idx = evaluate_index(rg.min, env)
             if idx is None:
                 return None
             idx = np.atleast_1d(idx)

@@ -40,12 +40,11 @@ from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 from ..ir import dtype_bytes
 from ..passbase import PyPass
 from ..switches import TASK_PREFETCH
-from .row_blocks import _evaluate
+from .row_blocks import MAX_POINTS, evaluate_index
 
 LINE_BYTES = 64
 MIN_LINES = 8            # shorter streams (a bias) are not worth the instructions
 MAX_LINES = 1 << 13      # a task's run beyond 512 KB: more than L2 holds beside the task's own data
-MAX_POINTS = 1 << 20     # index grids evaluated with numpy; larger ones are not analysed
 MAX_GROUP = 64           # consecutive tasks sharing a stream looked for (rows of a channel block)
 LOCALITY_L2 = 2          # llvm.prefetch locality: 2 = prefetcht1 on x86 (into L2)
 
@@ -113,7 +112,7 @@ def _task_lines(realize, loops, load, task_var, task: int):
         return None
     flat = np.int64(0)
     for index, dim in zip(indices, shape):
-        value = _evaluate(index, env)
+        value = evaluate_index(index, env)
         if value is None:
             return None
         flat = flat * int(dim) + value

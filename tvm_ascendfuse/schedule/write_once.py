@@ -29,7 +29,7 @@ overlapping channel blocks, ``channel_overlap.py``: the same values from both bl
 
 Cost: both checks evaluate with numpy, in groups of loops (iterators) that no index couples, so a block of
 millions of iterations costs its largest group, usually a reshape's few loops; a group of more than
-``row_blocks._MAX_POINTS`` is not evaluated (the block is not reported).
+``row_blocks.MAX_POINTS`` is not evaluated (the block is not reported).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import numpy as np
 from tvm import tirx
 from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
-from .row_blocks import _MAX_POINTS, PointCounts, _evaluate, point_counts
+from .row_blocks import MAX_POINTS, PointCounts, evaluate_index, point_counts
 
 # block annotation: this block writes points of its output more than once on purpose, with equal values
 OVERLAPPING_WRITES = "ascendfuse.overlapping_writes"
@@ -75,7 +75,7 @@ def output_races(sch) -> list[Race]:
     once per point of its domain (``row_blocks.point_counts``) or whose points write an output element twice
     (``elements_written_twice``), then every block writing a buffer of the kernel that runs a point twice
     within one copy of the buffer (module docstring). Blocks that cannot be evaluated (symbolic extents, a
-    group of loops over ``row_blocks._MAX_POINTS`` iterations, non-integer bindings) and blocks marked
+    group of loops over ``row_blocks.MAX_POINTS`` iterations, non-integer bindings) and blocks marked
     ``OVERLAPPING_WRITES`` are not reported."""
     func = sch.mod["main"]
     params = [p for p in func.params if isinstance(getattr(p, "ty", None), tirx.BufferType)]
@@ -125,7 +125,7 @@ def elements_written_twice(block, buf) -> int | None:
     """How many elements of ``buf`` two or more data-parallel points of ``block``'s domain write (its write
     indices evaluated over the data-parallel iterators; reduction iterators may not occur in them). None when
     that cannot be evaluated: a write of more than one element per point (a blockized block), a symbolic
-    extent, an index that is not integer arithmetic of the iterators, a group over ``_MAX_POINTS``."""
+    extent, an index that is not integer arithmetic of the iterators, a group over ``MAX_POINTS``."""
     regions = [w.region for w in block.writes if w.source.same_as(buf)]
     if len(regions) != 1 or any(not (isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1)
                                 for r in regions[0]):
@@ -163,7 +163,7 @@ def elements_written_twice(block, buf) -> int | None:
     for members, index_ids in groups.values():
         extents = [int(ivs[k].dom.extent) for k in members]
         points = math.prod(extents)
-        if points > _MAX_POINTS:
+        if points > MAX_POINTS:
             return None
         if not index_ids:
             reached, single = reached, single * (1 if points == 1 else 0)
@@ -173,7 +173,7 @@ def elements_written_twice(block, buf) -> int | None:
         env = {ivs[k].var.name: g.reshape(-1) for k, g in zip(members, grids)}
         values = []
         for j in index_ids:
-            v = _evaluate(indices[j], env)
+            v = evaluate_index(indices[j], env)
             if v is None:
                 return None
             values.append(np.broadcast_to(np.asarray(v, dtype=np.int64), (points,)))
