@@ -405,3 +405,15 @@ def unwritten_output(func: tirx.PrimFunc) -> tuple[str, int, int] | None:
             if n < size:
                 return params[p], n, size
     return None
+
+
+def substitute_vars(expr, pairs):
+    """``expr`` with each variable of ``pairs`` ((var, value), ...) replaced by its value (TVM 0.27's Python
+    has no substitute for expressions); a plain int is returned as it is."""
+    if isinstance(expr, int):
+        return expr
+
+    def on_var(v):
+        return next((e for x, e in pairs if v.same_as(x)), v)
+
+    return tvm_ffi.structural_map(expr, (tvm.ir.Var, on_var))

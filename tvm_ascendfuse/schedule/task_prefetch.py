@@ -35,11 +35,12 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
 
 from ..ir import dtype_bytes
+from ..kinds import uses_var
 from ..passbase import PyPass
 from ..switches import TASK_PREFETCH
+from .common import substitute_vars
 from .row_blocks import MAX_POINTS, evaluate_index
 
 LINE_BYTES = 64
@@ -83,21 +84,11 @@ def _blocks_under(stmt, chain=()):
     return found
 
 
-def _substitute(expr, pairs):
-    def on_var(v):
-        return next((e for x, e in pairs if v.same_as(x)), v)
-    return tvm_ffi.structural_map(expr, (tvm.ir.Var, on_var))
-
-
-def _uses(expr, var) -> bool:
-    return any(v.same_as(var) for v in collect_vars_used_in_prim_expr(expr))
-
-
 def _task_lines(realize, loops, load, task_var, task: int):
     """Sorted distinct lines of ``load`` (in ``realize`` under ``loops``) that task ``task`` reads, or None."""
     bind = list(zip([iv.var for iv in realize.block.iter_vars], realize.iter_values))
-    indices = [_substitute(i, bind) for i in load.indices]
-    used = [f for f in loops if any(_uses(i, f.loop_var) for i in indices)]
+    indices = [substitute_vars(i, bind) for i in load.indices]
+    used = [f for f in loops if any(uses_var(i, f.loop_var) for i in indices)]
     if any(not isinstance(f.extent, tirx.IntImm) or not isinstance(f.min, tirx.IntImm) for f in used):
         return None
     extents = [int(f.extent) for f in used]
@@ -171,13 +162,13 @@ def plan_streams(func: tirx.PrimFunc):
     return (task, blocks[red], streams) if streams else None
 
 
-def _register_block_outer_loops(red, task_var):
+def _register_block_outer_loops(red):
     """The loops between the task loop and the reduction block's last run of reduction loops (the register
     block's own reduction, whose body keeps the accumulators in registers), or None."""
     realize, loops = red
     values = [v for iv, v in zip(realize.block.iter_vars, realize.iter_values)
               if int(iv.iter_type) == int(tirx.IterVar.CommReduce)]
-    reducing = [any(_uses(v, f.loop_var) for v in values) for f in loops]
+    reducing = [any(uses_var(v, f.loop_var) for v in values) for f in loops]
     if not any(reducing):
         return None
     first = max(i for i, r in enumerate(reducing) if r)
@@ -210,7 +201,7 @@ def insert_prefetches(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, list[Stream]]
     if plan is None:
         return func, []
     task, red, streams = plan
-    outer = _register_block_outer_loops(red, task.loop_var)
+    outer = _register_block_outer_loops(red)
     if outer is None:
         return func, []
     i64 = lambda v: tirx.IntImm("int64", v)   # noqa: E731

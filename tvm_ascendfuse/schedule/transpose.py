@@ -20,7 +20,7 @@ from tvm.s_tir import ScheduleError, TensorIntrin
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
-from .common import predicated
+from .common import predicated, substitute_vars
 
 ROWS, LANES = 8, 16        # columns x channels of the tile: AVX-512 fp32 with 8 output columns
 
@@ -460,7 +460,7 @@ def _transposed_copy(realize, c_var, w_var, lanes, cols, sym, tirx, s_tir):
     pairs = list(bind.items())
 
     def at(indices, c, w):
-        return [ana.simplify(_substitute(_substitute(i, pairs), [(c_var, c), (w_var, w)])) for i in indices]
+        return [ana.simplify(substitute_vars(substitute_vars(i, pairs), [(c_var, c), (w_var, w)])) for i in indices]
 
     zero = tirx.IntImm(c_var.ty.dtype if hasattr(c_var.ty, "dtype") else "int64", 0)
 
@@ -520,19 +520,6 @@ def _transposed_copy(realize, c_var, w_var, lanes, cols, sym, tirx, s_tir):
 
 
 LOAD_TYPE = tvm.ir.expr.TensorLoad
-
-
-def _substitute(expr, pairs):
-    """``expr`` with each variable of ``pairs`` ((var, value), ...) replaced by its value."""
-    import tvm_ffi
-
-    if isinstance(expr, int):
-        return expr
-
-    def on_var(v):
-        return next((e for x, e in pairs if v.same_as(x)), v)
-
-    return tvm_ffi.structural_map(expr, (tvm.ir.Var, on_var))
 
 
 def _uses(expr, variables) -> bool:
