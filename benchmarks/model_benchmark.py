@@ -592,6 +592,8 @@ def benchmark_model(arg: str, opts, cache: Path | None) -> dict:
         from tvm_ascendfuse.workloads import WORKLOAD_IDS, WORKLOADS
 
         row["description"] = WORKLOADS[WORKLOAD_IDS[label]][1]
+    if opts.workdir:
+        Path(opts.workdir).mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f"mb_{label}_", dir=opts.workdir))
     try:
         _benchmark(row, path, workdir, opts)
