@@ -98,7 +98,8 @@ class AscendTarget:
     def host_target(self, portable: bool = False, num_cores: int | None = None):
         """The llvm Target the kernels run on here. UB tiling becomes cache blocking on the CPU.
 
-        By default it uses this machine's CPU features; ``portable=True`` builds for generic x86-64.
+        By default it uses this machine's CPU: LLVM's name for it, corrected by the vector extensions the CPU
+        reports where the two differ (``host_features.py``); ``portable=True`` builds for generic x86-64.
         ``num-cores`` (what the schedules split parallel loops for) is the host's cores, as many as the
         runtime's threads (``host_threads.py``).
         """
@@ -111,7 +112,12 @@ class AscendTarget:
             "num-cores": int(num_cores or physical_cores()),
         }
         if not portable:
+            from .host_features import host_mattr
+
             config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+            mattr = host_mattr(config["mcpu"])
+            if mattr:
+                config["mattr"] = mattr
         return tvm.target.Target(config)
 
     def to_dict(self) -> dict[str, Any]:
