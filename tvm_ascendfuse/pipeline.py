@@ -21,7 +21,7 @@ from .errors import AscendFuseError
 from .grouping import CostBasedFusionPass, GroupingConfig, PatternFusionPass
 from .legalize import explain_failure, legalize_ops
 from .passbase import PyPass
-from .precision import Float32ComputePass, PrecisionPlan, RoundWeightsPass, SixteenBitStoragePass, resolve_mode
+from .precision import ClampCallsAsOpsPass, Float32ComputePass, PrecisionPlan, RoundWeightsPass, SixteenBitStoragePass, resolve_mode
 from .precision.on_chip import MarkOnChipDtype, grouping_target
 from .progress import bar
 from .report import FusionReport
@@ -40,9 +40,10 @@ def traffic_baseline_phase(target, report, tvm_target):
 
 
 def precision_phase(report, plan):
-    """Phase 0b: a model stored in 16-bit floats computed in float32 (the host has no 16-bit arithmetic);
+    """Phase 0b: a model stored in 16-bit floats computed in float32 (the host has no 16-bit arithmetic; the
+    importer's clamp PrimFuncs first become ops the widening can convert);
     its 16-bit storage between kernels comes back after scheduling (``schedule_phase``)."""
-    return [Float32ComputePass(report, plan)]
+    return [ClampCallsAsOpsPass(report), Float32ComputePass(report, plan)]
 
 
 def graph_fusion_phase(target, switches, report):

@@ -56,7 +56,7 @@ class Float32ComputePass(PyPass):
         for gv, func in mod.functions.items():
             if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
                 continue
-            found = _sixteen_bit_dtypes(func)
+            found = sixteen_bit_dtypes(func)
             if not found:
                 continue
             reason = _refusal(func)
@@ -83,7 +83,7 @@ def _dtype_of(expr) -> str | None:
     return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
 
 
-def _sixteen_bit_dtypes(func: relax.Function) -> set:
+def sixteen_bit_dtypes(func: relax.Function) -> set:
     found = set()
 
     def visit(e):

@@ -1,0 +1,115 @@
+"""ClampCallsAsOpsPass: the ONNX importer's clamp PrimFuncs in a 16-bit model become Relax's maximum/minimum.
+
+TVM's ONNX importer emits Clip as ``call_tir(maximum, (x, lo))`` and ``call_tir(minimum, (.., hi))``
+(``emit_te(topi.maximum)``), PrimFuncs typed in the model's dtype. ``Float32ComputePass`` cannot widen a call
+that declares its own 16-bit result type, so one Clip left a whole fp16 model computing in fp16: every conv
+accumulated in fp16, and an fp16 MobileNetV2 (ReLU6 = Clip) came out 3.9% of its output's scale away from the
+float32 computation with its fp16 weights, where ONNX Runtime's fp16 run is 0.03% away.
+
+Each such call whose PrimFunc is one elementwise ``max``/``min`` of its tensor arguments (or of its first
+argument and a constant, opset 6's attribute form) becomes ``R.maximum`` / ``R.minimum`` of the same operands,
+which the widening pass converts like any other op; the fusion patterns already take both forms of ReLU6 and
+clamps. Functions without 16-bit tensors are left as they are (their kernels stay the ones measured).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from ..passbase import PyPass
+from ..report import FusionReport
+from .compute_fp32 import sixteen_bit_dtypes
+
+PASS_NAME = "ClampCallsAsOps"
+
+
+def clamp_of(prim: tirx.PrimFunc):
+    """("maximum" | "minimum", operands) when ``prim`` stores one ``max``/``min`` per output element, each
+    operand the index of the parameter it loads or a float constant; else None."""
+    stores, loads = [], []
+    tvm_ffi.structural_walk(prim.body, [(tirx.BufferStore, stores.append)])
+    if len(stores) != 1 or len(prim.params) < 2:
+        return None
+    store = stores[0]
+    value = store.value
+    kind = {tirx.Max: "maximum", tirx.Min: "minimum"}.get(type(value))
+    buffers = list(prim.params)    # TVM 0.27: a PrimFunc's parameters are its buffers
+    if kind is None or not store.buffer.same_as(buffers[-1]):
+        return None
+    operands = []
+    for operand in (value.a, value.b):
+        if isinstance(operand, tirx.FloatImm):
+            operands.append(float(operand.value))
+            continue
+        loads.clear()
+        tvm_ffi.structural_walk(operand, [(tvm.ir.expr.TensorLoad, loads.append)])
+        if not isinstance(operand, tvm.ir.expr.TensorLoad) or len(loads) != 1:
+            return None
+        index = next((i for i, b in enumerate(buffers[:-1]) if b.same_as(operand.source)), None)
+        if index is None:
+            return None
+        operands.append(index)
+    if not any(isinstance(o, int) for o in operands):
+        return None
+    return kind, operands
+
+
+class ClampCallsAsOpsPass(PyPass):
+    def __init__(self, report: FusionReport):
+        self.report = report
+
+    def pass_name(self) -> str:
+        return PASS_NAME
+
+    def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
+                continue
+            if not sixteen_bit_dtypes(func):
+                continue
+            rewriter = _Rewriter(mod)
+            new = rewriter.visit_expr(func)
+            if rewriter.count:
+                updates[gv] = new
+                self.report.record(PASS_NAME, True, where=gv.name_hint, calls=rewriter.count)
+        if not updates:
+            return mod
+        mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return relax.transform.DeadCodeElimination()(mod)
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.mod_ = mod
+        self.count = 0
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
+            return call
+        callee, args = call.args[0], call.args[1]
+        if not isinstance(callee, relax.GlobalVar) or not isinstance(args, relax.Tuple):
+            return call
+        prim = self.mod_[callee]
+        found = clamp_of(prim) if isinstance(prim, tirx.PrimFunc) else None
+        out = call.ty_args[0] if call.ty_args else None
+        if found is None or not isinstance(out, relax.TensorType):
+            return call
+        kind, operands = found
+        dtype = str(out.dtype)
+        exprs = [args.fields[o] if isinstance(o, int) else relax.const(o, dtype) for o in operands]
+        op = relax.op.maximum if kind == "maximum" else relax.op.minimum
+        new = op(*exprs)
+        # the op's result must be the call's: same dtype and shape (a bound broadcast over x, never x over it)
+        inferred = self.builder_.normalize(new).ty
+        if str(inferred.dtype) != dtype or not tvm_ffi.structural_equal(inferred.shape, out.shape):
+            return call
+        self.count += 1
+        return new
