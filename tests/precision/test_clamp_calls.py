@@ -4,10 +4,9 @@ TVM's importer emits Clip as call_tir of topi's maximum/minimum in the model's d
 widening refused the whole function, so every conv of an fp16 MobileNet accumulated in fp16."""
 
 import numpy as np
-import onnx
 import tvm
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax, te, topi
+from tvm import te, topi
 
 from tests.helpers import compile_ours, run_vm
 from tvm_ascendfuse.frontend import import_onnx
