@@ -58,3 +58,40 @@ def test_float32_model_untouched():
     plan = PrecisionPlan()
     out = Float32ComputePass(FusionReport(), plan)(mod)
     assert out.same_as(mod) and plan.model_dtypes == set() and plan.storage_dtype is None
+
+
+def test_sixteen_bit_call_tir_keeps_the_rest_in_float32():
+    """The importer's reflect Pad is a call_tir typed fp16 (emit_te): that call stays fp16 (operands rounded
+    back to fp16, which the model's tensor is there), the conv after it accumulates in float32. Refusing the
+    function instead left the conv accumulating 576 products in fp16, many rounding steps off."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers import compile_ours, run_vm
+    from tvm_ascendfuse.frontend import import_onnx
+
+    rng = np.random.default_rng(0)
+    ic, oc, hw = 64, 32, 12
+    w = (rng.standard_normal((oc, ic, 3, 3)) * 0.3).astype(np.float16)
+    inits = [numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")]
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"), helper.make_node("Conv", ["p", "w"], ["y"]),
+         helper.make_node("Relu", ["y"], ["z"])], "pad_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, ic, hw, hw])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT16, [1, oc, hw, hw])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    mod = import_onnx(model)
+    assert any(b.value.op.name == "relax.call_tir" for b in mod["main"].body.blocks[0].bindings)
+    result = compile_ours(mod)
+    assert result.report.to_dict()["other"]["Float32Compute"]["effect_times"] == 1
+    x = rng.uniform(0, 1, (1, ic, hw, hw)).astype(np.float16)
+    got = run_vm(result.executable, [x]).astype(np.float32)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect")
+    acc = np.zeros((1, oc, hw, hw))
+    for kh in range(3):
+        for kw in range(3):
+            acc += np.einsum("oc,nchw->nohw", w[:, :, kh, kw].astype(np.float64), xp[:, :, kh:kh + hw, kw:kw + hw])
+    want = np.maximum(acc, 0).astype(np.float16).astype(np.float32)
+    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
+    assert np.all(np.abs(got - want) <= ulp)
