@@ -7,7 +7,9 @@ accumulated in fp16, and an fp16 MobileNetV2 (ReLU6 = Clip) came out 3.9% of its
 float32 computation with its fp16 weights, where ONNX Runtime's fp16 run is 0.03% away.
 
 Each such call whose PrimFunc is one elementwise ``max``/``min`` of its tensor arguments (or of its first
-argument and a constant, opset 6's attribute form) becomes ``R.maximum`` / ``R.minimum`` of the same operands,
+argument and a constant, opset 6's attribute form, where topi widens an fp16 ``x`` to the float32 bound and
+the importer types the call float32: TVM's own FuseTIR then failed on the mixed types) becomes
+``R.maximum`` / ``R.minimum`` of the same operands (``x`` converted as the PrimFunc converts it),
 which the widening pass converts like any other op; the fusion patterns already take both forms of ReLU6 and
 clamps. Functions without 16-bit tensors are left as they are (their kernels stay the ones measured).
 """
@@ -27,7 +29,8 @@ PASS_NAME = "ClampCallsAsOps"
 
 def clamp_of(prim: tirx.PrimFunc):
     """("maximum" | "minimum", operands) when ``prim`` stores one ``max``/``min`` per output element, each
-    operand the index of the parameter it loads or a float constant; else None."""
+    operand the index of the parameter it loads (possibly converted to the output's dtype) or a float
+    constant; else None."""
     stores, loads = [], []
     tvm_ffi.structural_walk(prim.body, [(tirx.BufferStore, stores.append)])
     if len(stores) != 1 or len(prim.params) < 2:
@@ -43,6 +46,8 @@ def clamp_of(prim: tirx.PrimFunc):
         if isinstance(operand, tirx.FloatImm):
             operands.append(float(operand.value))
             continue
+        if isinstance(operand, tirx.Cast) and str(operand.ty.dtype) == str(store.buffer.dtype):
+            operand = operand.value      # opset 6's bounds on fp16: topi widens x to the float bound's type
         loads.clear()
         tvm_ffi.structural_walk(operand, [(tvm.ir.expr.TensorLoad, loads.append)])
         if not isinstance(operand, tvm.ir.expr.TensorLoad) or len(loads) != 1:
@@ -104,7 +109,10 @@ class _Rewriter(relax.PyExprMutator):
             return call
         kind, operands = found
         dtype = str(out.dtype)
-        exprs = [args.fields[o] if isinstance(o, int) else relax.const(o, dtype) for o in operands]
+        exprs = [self.widened(args.fields[o], dtype) if isinstance(o, int) else relax.const(o, dtype)
+                 for o in operands]
+        if any(e is None for e in exprs):
+            return call
         op = relax.op.maximum if kind == "maximum" else relax.op.minimum
         new = op(*exprs)
         # the op's result must be the call's: same dtype and shape (a bound broadcast over x, never x over it)
@@ -113,3 +121,15 @@ class _Rewriter(relax.PyExprMutator):
             return call
         self.count += 1
         return new
+
+    @staticmethod
+    def widened(arg, dtype: str):
+        """``arg`` in the call's result dtype: as it is, or converted to a wider float (the PrimFunc's own
+        conversion); None for any other change of type."""
+        have = arg.ty.dtype if isinstance(arg.ty, relax.TensorType) else None
+        if have is None or str(have) == dtype:
+            return arg
+        src, dst = tvm.DataType(str(have)), tvm.DataType(dtype)
+        if src.type_code != dst.type_code or src.bits > dst.bits:
+            return None
+        return relax.op.astype(arg, dtype)
