@@ -282,7 +282,7 @@ def _gemm_norm_notes(res):
 
 
 @pytest.mark.parametrize("lead", [(), (1,)], ids=["2d", "batch_of_one"])
-def test_bf16_build_runs_the_gemm_on_the_dot_product(lead):
+def test_bf16_build_runs_the_gemm_on_the_dot_product(lead, monkeypatch):
     """A force_bf16 build on a host with AVX512-BF16: the GEMM stage of GEMM + residual + LayerNorm on the bf16
     dot product, its numbers the bf16-rounded operands' (float32 sums); a float32 build keeps float32 FMAs.
     With a batch of one, the kernel's normal form indexes the unit axis by 0 (``bf16_gemm.match_row_gemm``)."""
@@ -293,6 +293,7 @@ def test_bf16_build_runs_the_gemm_on_the_dot_product(lead):
     from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
     from tvm_ascendfuse.target import get_target
 
+    monkeypatch.setenv("ASCENDFUSE_BF16_DOT", "on")     # also where the default does not choose it
     if not has_bf16_dot(get_target("ascend910b").host_target()):
         pytest.skip("the host has no AVX512-BF16")
     m, k, n = 64, 256, 192
@@ -318,7 +319,7 @@ def test_bf16_build_runs_the_gemm_on_the_dot_product(lead):
     assert rows and not any("bf16" in s for s in notes)
 
 
-def test_bf16_build_runs_swiglu_products_on_the_dot_product():
+def test_bf16_build_runs_swiglu_products_on_the_dot_product(monkeypatch):
     """A force_bf16 SwiGLU kernel, silu(x Wg) * (x Wu): both products on the bf16 dot product, the numbers of
     the bf16-rounded operands with float32 sums; a float32 build keeps float32 FMAs."""
     import numpy as np
@@ -328,6 +329,7 @@ def test_bf16_build_runs_swiglu_products_on_the_dot_product():
     from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
     from tvm_ascendfuse.target import get_target
 
+    monkeypatch.setenv("ASCENDFUSE_BF16_DOT", "on")     # also where the default does not choose it
     if not has_bf16_dot(get_target("ascend910b").host_target()):
         pytest.skip("the host has no AVX512-BF16")
     m, k, n = 64, 128, 96

@@ -7,12 +7,19 @@ import pytest
 from tvm import relax
 
 import tvm_ascendfuse as af
-from tvm_ascendfuse.schedule.hostvec import has_bf16_dot
+from tvm_ascendfuse.schedule.hostvec import BF16_DOT_ENV, bf16_dot_pays, has_bf16_dot
 from tvm_ascendfuse.schedule.bf16_gemm import MAX_TILE_VECTORS, register_tile
 from tvm_ascendfuse.target import get_target
 from tests.helpers import round_to_bf16, run_vm
 
 HOST_BF16 = has_bf16_dot(get_target("ascend910b").host_target())
+
+
+@pytest.fixture(autouse=True)
+def _dot_product_on(monkeypatch):
+    """The rule's numbers are checked wherever the instruction exists, also on CPUs where it is not chosen
+    by default (``bf16_dot_pays``)."""
+    monkeypatch.setenv(BF16_DOT_ENV, "on")
 
 
 def _gemm(m, k, n, transposed=False, seed=0):
@@ -92,6 +99,31 @@ def test_hosts_without_the_instruction_keep_the_float32_rule():
 def test_shapes_the_tile_does_not_fit_go_to_the_float32_rule(m, k, n):
     mod, _, _ = _gemm(m, k, n)
     assert "matmul_bf16" not in _rules(af.compile_model(mod, precision_mode="force_bf16"))
+
+
+def test_the_dot_product_only_where_it_pays(monkeypatch):
+    """Taken on the CPUs where it measured faster than float32 FMAs (Zen 4/5), not on an Intel core with
+    the same instruction (measured 1.35-1.46x slower there), never without the instruction; the environment
+    variable overrides."""
+    import tvm
+
+    def host(mcpu, mattr=()):
+        return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "mattr": list(mattr)})
+
+    monkeypatch.delenv(BF16_DOT_ENV)
+    assert bf16_dot_pays(host("znver4")) and bf16_dot_pays(host("znver5"))
+    assert not bf16_dot_pays(host("sapphirerapids"))
+    assert not bf16_dot_pays(host("rocketlake", ["+avx512bf16"]))
+    assert not bf16_dot_pays(host("skylake-avx512"))
+    monkeypatch.setenv(BF16_DOT_ENV, "on")
+    assert bf16_dot_pays(host("sapphirerapids")) and not bf16_dot_pays(host("skylake-avx512"))
+    monkeypatch.setenv(BF16_DOT_ENV, "off")
+    assert not bf16_dot_pays(host("znver4"))
+    # the rule follows the gate
+    monkeypatch.delenv(BF16_DOT_ENV)
+    mod, _, _ = _gemm(64, 256, 192)
+    want = {"matmul_bf16"} if bf16_dot_pays(get_target("ascend910b").host_target()) else {"matmul"}
+    assert _rules(af.compile_model(mod, precision_mode="force_bf16")) == want
 
 
 def test_register_tile_stays_on_the_stack():

@@ -23,7 +23,7 @@ from .analysis import match_gemm
 from .bf16_dot import DEPTH, DOT_16x2_BF16, IMPORT_ANNOTATION, LANES, LLVM_WRAPPER
 from .common import extent, ok
 from .dot_gemm import pair_packing, split_dot_tile
-from .hostvec import has_bf16_dot, host_vector
+from .hostvec import bf16_dot_pays, host_vector
 from .layout import mark_prepack, packable_param
 
 MAX_ROWS = 8        # register tile rows
@@ -39,8 +39,9 @@ MIN_TILE_VECTORS = 8
 
 def wants_bf16_dot(func, host) -> bool:
     """Whether ``func``'s products run on the bf16 dot product: the kernel is bfloat16 on chip and the host
-    has the instruction. Float32 kernels (every kernel of a float32 build) never do."""
-    return on_chip_float(func) == "bfloat16" and has_bf16_dot(host)
+    has the instruction, on a CPU where it pays (``hostvec.bf16_dot_pays``). Float32 kernels (every kernel of
+    a float32 build) never do."""
+    return on_chip_float(func) == "bfloat16" and bf16_dot_pays(host)
 
 
 def match_row_gemm(sch: s_tir.Schedule, block) -> GemmBlock | None:

@@ -3,7 +3,7 @@ dot product.
 
 Taken only when the kernel is marked bfloat16 on chip (``precision/on_chip.py``: a ``force_bf16`` /
 ``allow_mix_precision_bf16`` build or a bf16 model, where the NPU's cube multiplies bf16 operands and
-accumulates in float32) and the host has AVX512-BF16 (``hostvec.has_bf16_dot``); otherwise the float32 GEMM
+accumulates in float32) and the host has AVX512-BF16 where it pays (``hostvec.bf16_dot_pays``); otherwise the float32 GEMM
 rule takes the kernel. Recognised from the blocks: one ``C[.., m, n] += A[.., m, k] * B[k, n]`` block,
 float32 (A may be a bf16 parameter widened by an inlined prologue: a bf16 model's input), B a constant
 (layout-free) parameter, every other block injective. No batch on B.
