@@ -22,7 +22,7 @@ from tvm import relax, tirx
 
 from ..passbase import PyPass
 from ..report import FusionReport
-from .compute_fp32 import sixteen_bit_dtypes
+from .functions import sixteen_bit_functions, with_functions
 
 PASS_NAME = "ClampCallsAsOps"
 
@@ -70,22 +70,13 @@ class ClampCallsAsOpsPass(PyPass):
 
     def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
         updates = {}
-        for gv, func in mod.functions.items():
-            if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
-                continue
-            if not sixteen_bit_dtypes(func):
-                continue
+        for gv, func, _ in sixteen_bit_functions(mod):
             rewriter = _Rewriter(mod)
             new = rewriter.visit_expr(func)
             if rewriter.count:
                 updates[gv] = new
                 self.report.record(PASS_NAME, True, where=gv.name_hint, calls=rewriter.count)
-        if not updates:
-            return mod
-        mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-        for gv, func in updates.items():
-            mod[gv] = func
-        return relax.transform.DeadCodeElimination()(mod)
+        return relax.transform.DeadCodeElimination()(with_functions(mod, updates)) if updates else mod
 
 
 @relax.expr_functor.mutator

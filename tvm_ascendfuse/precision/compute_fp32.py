@@ -39,6 +39,7 @@ from tvm import relax
 from ..ir import STORED_FLOAT_ATTR
 from ..passbase import PyPass
 from ..report import FusionReport
+from .functions import dtype_of, sixteen_bit_functions, with_functions
 from .modes import SIXTEEN_BIT
 
 PASS_NAME = "Float32Compute"
@@ -57,12 +58,7 @@ class Float32ComputePass(PyPass):
 
     def transform_module(self, mod: tvm.IRModule) -> tvm.IRModule:
         updates = {}
-        for gv, func in mod.functions.items():
-            if not isinstance(func, relax.Function) or (func.attrs and "Primitive" in func.attrs):
-                continue
-            found = sixteen_bit_dtypes(func)
-            if not found:
-                continue
+        for gv, func, found in sixteen_bit_functions(mod):
             reason = _refusal(func)
             if reason is not None:
                 self.report.record(PASS_NAME, False, reason, where=gv.name_hint)
@@ -74,32 +70,7 @@ class Float32ComputePass(PyPass):
             updates[gv] = new
             self.plan.model_dtypes |= found
             self.report.record(PASS_NAME, True, where=gv.name_hint, dtypes=sorted(found))
-        if not updates:
-            return mod
-        mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-        for gv, func in updates.items():
-            mod[gv] = func
-        return mod
-
-
-def _dtype_of(expr) -> str | None:
-    ty = getattr(expr, "ty", None)
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
-def sixteen_bit_dtypes(func: relax.Function) -> set:
-    found = set()
-
-    def visit(e):
-        d = _dtype_of(e) if isinstance(e, (relax.Var, relax.Call, tvm.ir.GenericConst)) else None
-        if d in SIXTEEN_BIT:
-            found.add(d)
-
-    relax.analysis.post_order_visit(func, visit)
-    for p in func.params:
-        if _dtype_of(p) in SIXTEEN_BIT:
-            found.add(_dtype_of(p))
-    return found
+        return with_functions(mod, updates)
 
 
 def _refusal(func: relax.Function) -> str | None:
@@ -167,11 +138,10 @@ class _Widen:
     def function(self, func: relax.Function, name: str) -> relax.Function:
         bb = self.bb = relax.BlockBuilder()
         params = list(func.params)
-        ret_dtype = _dtype_of(func.body.body)
         with bb.function(name, params, attrs=dict(func.attrs) if func.attrs else None, private=False):
             with bb.dataflow():
                 for p in params:
-                    if _dtype_of(p) in SIXTEEN_BIT:
+                    if dtype_of(p) in SIXTEEN_BIT:
                         self.remap[p] = bb.emit(relax.op.astype(p, "float32"), name_hint=f"{p.name}_f32")
                 for block in func.body.blocks:
                     for b in block.bindings:
@@ -186,7 +156,7 @@ class _Widen:
         if isinstance(e, relax.Var):
             return self.remap.get(e, e)
         if isinstance(e, tvm.ir.GenericConst):
-            return _float32_constant(e) if _dtype_of(e) in SIXTEEN_BIT else e
+            return _float32_constant(e) if dtype_of(e) in SIXTEEN_BIT else e
         if isinstance(e, relax.Tuple):
             return relax.Tuple([self.expr(f) for f in e.fields])
         if isinstance(e, relax.TupleGetItem):
@@ -196,7 +166,7 @@ class _Widen:
             if isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.astype":
                 dtype = str(e.attrs.dtype)
                 dtype = "float32" if dtype in SIXTEEN_BIT else dtype
-                if _dtype_of(args[0]) == dtype:
+                if dtype_of(args[0]) == dtype:
                     return args[0]
                 return relax.op.astype(args[0], dtype)
             if e.ty_args and any(_has_sixteen_bit(t) for t in e.ty_args):
@@ -213,8 +183,8 @@ class _Widen:
         def narrow(new, old):
             if isinstance(old, relax.Tuple):
                 return relax.Tuple([narrow(n, o) for n, o in zip(new.fields, old.fields)])
-            want = _dtype_of(old)
-            if want in SIXTEEN_BIT and _dtype_of(new) != want:
+            want = dtype_of(old)
+            if want in SIXTEEN_BIT and dtype_of(new) != want:
                 return self.bb.emit(relax.op.astype(new, want))
             return new
 
@@ -224,7 +194,7 @@ class _Widen:
 
 def _back_to(out, ty):
     """The function's result in the dtypes of its original signature."""
-    if isinstance(ty, relax.TensorType) and str(ty.dtype) in SIXTEEN_BIT and _dtype_of(out) != str(ty.dtype):
+    if isinstance(ty, relax.TensorType) and str(ty.dtype) in SIXTEEN_BIT and dtype_of(out) != str(ty.dtype):
         return relax.op.astype(out, str(ty.dtype))
     if isinstance(ty, relax.TupleType) and isinstance(out, relax.Tuple):
         return relax.Tuple([_back_to(f, t) for f, t in zip(out.fields, ty.fields)])
