@@ -251,3 +251,20 @@ def test_quantized_model_is_verified_by_cosine_and_steps(tmp_path, capsys):
                        quantized=True).ok                                          # noise as large as the signal
     q = np.arange(-5, 5, dtype="int8")
     assert compare("q", q + 1, q, quantized=True).ok and not compare("q", q + 2, q, quantized=True).ok
+
+
+def test_onnxruntime_reference_prints_no_warnings_about_the_model(capfd):
+    """A quantized export carries initializers no node uses; ORT warned once per initializer on the
+    terminal of every ``--verify`` (a line each, dozens for a QDQ MobileNet). The reference session prints
+    errors only."""
+    unused = [numpy_helper.from_array(np.ones(2, np.float32), f"unused_{i}") for i in range(3)]
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], unused)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    run = onnxruntime_reference(model)
+    x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    assert np.array_equal(run([x])[0], np.maximum(x, 0))
+    err = capfd.readouterr().err
+    assert "unused_" not in err, err
