@@ -95,3 +95,28 @@ def test_sixteen_bit_call_tir_keeps_the_rest_in_float32():
     want = np.maximum(acc, 0).astype(np.float16).astype(np.float32)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
     assert np.all(np.abs(got - want) <= ulp)
+
+
+def test_call_typed_for_its_16_bit_operand_gets_it_back():
+    """A call_tir whose PrimFunc reads fp16 and writes float32 (topi promoting an fp16 tensor with a Python
+    float): its widened operand is rounded back to fp16 for it, not handed over as float32."""
+    from tvm import topi
+
+    from tests.helpers import compile_ours, run_vm
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 32), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(x))
+            y = bb.emit_te(lambda a: topi.add(a, 0.5), h)
+            out = bb.emit_output(relax.op.multiply(y, relax.const(2.0, "float32")))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert str(mod["main"].body.body.ty.dtype) == "float32"
+    result = compile_ours(mod)
+    assert result.report.to_dict()["other"]["Float32Compute"]["effect_times"] == 1
+    xv = np.random.default_rng(0).standard_normal((4, 32)).astype("float16")
+    got = run_vm(result.executable, [xv])
+    want = (np.maximum(xv, 0).astype("float32") + 0.5) * 2
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)

@@ -11,7 +11,9 @@ argument and a constant, opset 6's attribute form, where topi widens an fp16 ``x
 the importer types the call float32: TVM's own FuseTIR then failed on the mixed types) becomes
 ``R.maximum`` / ``R.minimum`` of the same operands (``x`` converted as the PrimFunc converts it),
 which the widening pass converts like any other op; the fusion patterns already take both forms of ReLU6 and
-clamps. Functions without 16-bit tensors are left as they are (their kernels stay the ones measured).
+clamps. ``Float32ComputePass`` alone would now keep such a call in 16 bits with the right numbers, but the
+casts around it split the conv + ReLU6 kernels (measured in ``compute_fp32.py``'s docstring). Functions
+without 16-bit tensors are left as they are (their kernels stay the ones measured).
 """
 
 from __future__ import annotations
