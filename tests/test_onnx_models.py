@@ -18,6 +18,7 @@ import pytest
 from tvm_ascendfuse.analysis import launch_count
 from tvm_ascendfuse.errors import ModelError
 from tvm_ascendfuse.frontend import import_onnx
+from tvm_ascendfuse.verify import exact_integer_ops, reference_session_options
 from tvm_ascendfuse.workloads import (WORKLOADS, bert_layer, conv_bn_relu, focus_conv, llama_block, ln_linear_gelu,
                                       mlp3, resnet50, resnet_basic_block)
 
@@ -46,10 +47,9 @@ def input_shape(model: onnx.ModelProto) -> list[int]:
 
 
 def run_ort(model: onnx.ModelProto, x: np.ndarray, optimize: bool = False) -> np.ndarray:
-    so = ort.SessionOptions()
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions() if optimize else reference_session_options()
+    data = (model if optimize else exact_integer_ops(model)).SerializeToString()
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     return sess.run(None, {model.graph.input[0].name: x})[0]
 
 

@@ -8,7 +8,7 @@ import pytest
 import tvm
 import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax, s_tir, tirx
+from tvm import s_tir, tirx
 
 import tvm_ascendfuse as af
 import tvm_ascendfuse.schedule.apply as schedule_apply
@@ -268,3 +268,40 @@ def test_onnxruntime_reference_prints_no_warnings_about_the_model(capfd):
     assert np.array_equal(run([x])[0], np.maximum(x, 0))
     err = capfd.readouterr().err
     assert "unused_" not in err, err
+
+
+def _integer_model(op: str, a_shape, w: np.ndarray, a_zp: int, w_zp: np.ndarray) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.uint8(a_zp), "azp"),
+             numpy_helper.from_array(w_zp, "wzp")]
+    out_shape = [a_shape[0], w.shape[1]] if op == "MatMulInteger" else None
+    node = helper.make_node(op, ["a", "w", "azp", "wzp"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, list(a_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, out_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 9
+    return model
+
+
+def test_integer_ops_reference_is_exact():
+    """MatMulInteger / ConvInteger in the reference give the exact integer sums, on operands that saturate a
+    16-bit pair sum (255 x 127 twice: ONNX Runtime's own kernel on a CPU without VNNI clips those)."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(200, 256, (8, 64), dtype=np.uint8)
+    w = rng.integers(100, 128, (64, 16), dtype=np.int8)
+    wzp = np.zeros(16, np.int8)
+    wzp[3] = 5                                   # a per-column zero point
+    (got,) = onnxruntime_reference(_integer_model("MatMulInteger", a.shape, w, 3, wzp))([a])
+    want = (a.astype(np.int64) - 3) @ (w.astype(np.int64) - wzp.astype(np.int64))
+    np.testing.assert_array_equal(got, want)
+
+    x = rng.integers(200, 256, (1, 8, 6, 6), dtype=np.uint8)
+    k = rng.integers(100, 128, (4, 8, 3, 3), dtype=np.int8)
+    kzp = np.array([0, 2, 0, -1], np.int8)      # per output channel
+    (got,) = onnxruntime_reference(_integer_model("ConvInteger", x.shape, k, 7, kzp))([x])
+    xs = x.astype(np.int64) - 7
+    ks = k.astype(np.int64) - kzp.astype(np.int64)[:, None, None, None]
+    want = np.zeros((1, 4, 4, 4), np.int64)
+    for i in range(4):
+        for j in range(4):
+            want[0, :, i, j] = np.einsum("chw,mchw->m", xs[0, :, i:i + 3, j:j + 3], ks)
+    np.testing.assert_array_equal(got, want)

@@ -71,10 +71,10 @@ def onnx_model(nodes, inputs: dict, outputs: dict, inits: dict, opset=13) -> onn
 def run_ort(model: onnx.ModelProto, inputs: list[np.ndarray]):
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    from tvm_ascendfuse.verify import exact_integer_ops, reference_session_options
+
+    sess = ort.InferenceSession(exact_integer_ops(model).SerializeToString(), reference_session_options(threads=1),
+                                providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     return sess.run(None, dict(zip(names, inputs)))[0]
 

@@ -1,6 +1,5 @@
 """Precision modes: CANN's names, bf16 only where the target has it, errors that name the problem."""
 
-import numpy as np
 import pytest
 from tvm import relax
 

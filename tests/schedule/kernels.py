@@ -10,7 +10,9 @@ from tvm import relax, tirx
 from tests.helpers import assert_close, tol
 from tvm_ascendfuse.target import get_target
 
-# Portable x86-64 (4 fp32 lanes) keeps tests independent of this machine; ``NATIVE`` exercises AVX-512 widths.
+# Portable x86-64 (4 fp32 lanes) keeps tests independent of this machine; ``NATIVE`` runs at the machine's own
+# width (AVX2 or AVX-512): an assertion about a schedule's shape on NATIVE follows ``host_vector(NATIVE)``, one
+# about a given width is made on an explicit host of that width (scheduled, not run).
 HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 NATIVE = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 NPU = get_target("ascend910b")

@@ -1,11 +1,13 @@
 """A conv over a concat (``schedule/concat_staging.py``): the staged input is copied one loop per part, no
 element chooses its source; numbers equal to the unscheduled kernel on the NCHW[vl]c staging (a large plane)
 and on the root staging with a BN + ReLU prologue (DenseNet's dense layer on 14x14 and 28x28 planes, one block
-of rows per core; 7x7 keeps its select chain), on AVX-512 and on the portable 4-lane host; parts the channel vectors do not divide keep the one staging block."""
+of rows per core; 7x7 keeps its select chain), on this machine's vectors and on the portable 4-lane host; parts
+the channel vectors do not divide keep the one staging block (AVX-512 and AVX2 widths)."""
 
 from __future__ import annotations
 
 import pytest
+import tvm
 from tvm.relax import op
 
 from tests.schedule.kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
@@ -13,6 +15,11 @@ from tvm_ascendfuse.schedule.common import new_schedule, num_cores, root_blocks
 from tvm_ascendfuse.schedule.concat_staging import channel_parts
 from tvm_ascendfuse.schedule.conv import Conv2dRule
 from tvm_ascendfuse.schedule.conv_schedule import STAGE_MIN_ROWS_PER_CORE
+from tvm_ascendfuse.schedule.hostvec import host_vector
+
+# explicit hosts of both vector widths, for structure only (code built for them may not run on this machine)
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
 
 
 def concat_conv(n_parts: int):
@@ -79,9 +86,21 @@ def test_dense_layer_staging_one_loop_per_part(hw, host):
 
 
 def test_parts_the_vectors_do_not_divide_keep_one_staging_block():
-    """8 + 24 channels on AVX-512 (16-channel vectors): the NCHW[16]c staging keeps its select."""
-    mod = check_rule(Conv2dRule(), kernel(concat_conv(2), (8, 24), (40, 40), 16), host=NATIVE)
-    assert partition_blocks(mod) == 0
+    """Parts of half a vector and one and a half (8 + 24 channels on AVX-512's 16-channel vectors, 4 + 12 on
+    AVX2's 8): the NCHW[vl]c staging keeps its select; the unscheduled kernel's numbers at this host's width."""
+    def parts_of(host):
+        lanes = host_vector(host).lanes("float32")
+        return kernel(concat_conv(2), (lanes // 2, 3 * lanes // 2), (40, 40), 16)
+
+    def one_select_staging(mod, host):
+        lanes = host_vector(host).lanes("float32")
+        staged = [ln for ln in mod.script().splitlines() if "pad_temp = T.sblock_alloc_buffer" in ln]
+        return (len(staged) == 1 and staged[0].rstrip().endswith(f"T.int64({lanes})))")    # NCHW[vl]c
+                and partition_blocks(mod) == 0 and "T.if_then_else" in _lowered_staging(mod, host))
+
+    for host in (AVX512, AVX2):
+        assert one_select_staging(Conv2dRule().apply(parts_of(host), NPU, host).mod, host), host
+    assert one_select_staging(check_rule(Conv2dRule(), parts_of(NATIVE), host=NATIVE), NATIVE)
 
 
 def test_switched_off_keeps_one_staging_block():

@@ -17,6 +17,10 @@ from tvm_ascendfuse.schedule.hostvec import host_vector
 from tvm_ascendfuse.schedule.indices import simplify_indices
 from tvm_ascendfuse.target import get_target
 
+# explicit hosts of both vector widths, for structure only (code built for them may not run on this machine)
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+
 
 def conv_bias_relu(stride=1, pad=0):
     def build(x, w, b):
@@ -222,14 +226,23 @@ def test_small_plane_channel_chunks_are_exact(name):
         return op.nn.relu(op.add(y, r[0]) if residual else y)
 
     func = fused_kernel(build, list(shapes)).with_attr("layout_free_buffers", [1])
-    mod = check_rule(Conv2dRule(), func, host=NATIVE)
-    script = mod.script()
-    assert "rc_0" in script and "yy_0" in script          # chunked reduction, row blocks
+
+    def chunked(script):
+        return "rc_0" in script and "yy_0" in script      # chunked reduction, row blocks
+
+    # the rule's own path for every case on AVX-512; on AVX2 (8 accumulators) the 72 -> 48 case's 14-wide row
+    # takes 1 x 7, a load per FMA, and the flat plane's block takes it (``test_conv_flat_plane.py``): the
+    # chunks are asked for with the flat plane off, at both widths and on this host
+    assert chunked(Conv2dRule().apply(func, NPU, AVX512).mod.script())
+    rule = Conv2dRule(flat_plane=False)
+    for host in (AVX512, AVX2):
+        assert chunked(rule.apply(func, NPU, host).mod.script()), host
+        assert "yy_0" not in Conv2dRule(flat_plane=False, plane_chunks=False).apply(func, NPU, host).mod.script()
+    assert chunked(check_rule(rule, func, host=NATIVE).script())
     for preset in ("ascend910b", "ascend310p"):
         target = get_target(preset)
-        used = kernel_usage("k", Conv2dRule().apply(func, target, NATIVE).mod["main"], target).bytes("local.UB")
+        used = kernel_usage("k", rule.apply(func, target, NATIVE).mod["main"], target).bytes("local.UB")
         assert 0 < used <= target.ub_usable // 4     # the accumulator block is sized from the target's UB
-    assert "yy_0" not in Conv2dRule(plane_chunks=False).apply(func, NPU, NATIVE).mod.script()
 
 
 @pytest.mark.parametrize("xs,ws,residual", [((1, 160, 7, 7), (96, 160, 1, 1), True),
@@ -253,10 +266,14 @@ def test_pointwise_on_a_row_of_one_register_block_is_not_chunked(xs, ws, residua
 
 
 def test_plane_chunks_keep_two_tasks_per_core():
-    """A prime row count with one channel block would leave a single parallel task: not chunked then."""
-    func = fused_kernel(conv_bias_relu(1, 1), [(1, 32, 7, 7), (32, 32, 3, 3), (1, 32, 1, 1)])
-    script = Conv2dRule().apply(func, NPU, NATIVE).mod.script()
-    assert "yy_0" not in script and "T.parallel(T.int64(7))" in script
+    """A prime row count (7) with one channel block would leave a single parallel task: not chunked then (one
+    block: 2 x 16 of 32 channels on AVX-512, one 8-lane vector of 8 channels on AVX2). 32 channels on AVX2 are
+    four 8-channel blocks, two tasks per core: chunked."""
+    for host, oc, chunks in ((AVX512, 32, False), (AVX2, 8, False), (AVX2, 32, True)):
+        func = fused_kernel(conv_bias_relu(1, 1), [(1, 32, 7, 7), (oc, 32, 3, 3), (1, oc, 1, 1)])
+        script = Conv2dRule().apply(func, NPU, host).mod.script()
+        assert ("rc_0" in script and "yy_0" in script) == chunks, (host, oc)
+        assert ("T.parallel(T.int64(7))" in script) == (not chunks), (host, oc)
 
 
 def test_large_planes_keep_the_nchwc_input():

@@ -9,6 +9,7 @@ with the reason in the report."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from tests.schedule.kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.base import Declined
 from tvm_ascendfuse.schedule.depthwise_conv import DepthwiseConv2dRule, choose_depthwise_tiles, stage_bytes
+from tvm_ascendfuse.schedule.hostvec import host_vector
 from tvm_ascendfuse.target import get_target
 
 AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
@@ -195,23 +197,44 @@ OVERLAP_CASES = {
 }
 
 
+def _block_lanes(note: str) -> int:
+    """The channels a block of the note's schedule holds (``packed 16ch x 2rows, ...``: 16)."""
+    return int(re.search(r"(\d+)ch x", note).group(1))
+
+
 @pytest.mark.parametrize("name", list(OVERLAP_CASES))
 @pytest.mark.parametrize("packed", [True, False])
 def test_overlapping_channel_blocks(name, packed):
-    """Channels no full vector divides run as full 16-lane blocks, the last one pulled back to end at the
-    last channel (it recomputes channels of the block before it, the same values): exact against the
-    unscheduled kernel, with a constant weight packed once (a slot-indexed copy marked for the compile-time
-    pre-packing) and with a weight passed at run time; switched off, the narrower blocks come back."""
+    """Channels no full vector divides run as full vector blocks, the last one pulled back to end at the
+    last channel (it recomputes channels of the block before it, the same values), with a constant weight
+    packed once (a slot-indexed copy marked for the compile-time pre-packing) and with a weight passed at run
+    time; switched off, the narrower blocks come back. The models' counts scheduled for AVX-512 (16-lane
+    blocks) and AVX2 (8 lanes: only where 8 does not divide them); exact against the unscheduled kernel on
+    this host, the count moved off a multiple of its vector where the model's is one (72 on 8 lanes: 76)."""
     xs, k, stride, act = OVERLAP_CASES[name]
-    func = dw_kernel(xs, k, stride, None, 1, act)
-    if packed:
-        func = func.with_attr("layout_free_buffers", [1])
-    mod, note = check_rule(DepthwiseConv2dRule(), func, host=NATIVE, with_note=True)
-    assert "packed 16ch" in note and f"{xs[1]} channels as overlapping full-vector blocks" in note
+
+    def kernel(channels):
+        func = dw_kernel((xs[0], channels, *xs[2:]), k, stride, None, 1, act)
+        return func.with_attr("layout_free_buffers", [1]) if packed else func
+
+    for host in (AVX512, AVX2):     # scheduled only: AVX-512 code may not run on this host
+        lanes = host_vector(host).lanes("float32")
+        result = DepthwiseConv2dRule().apply_with_note(kernel(xs[1]), NPU, host)
+        note = result.note
+        assert _block_lanes(note) == lanes and "NCHW store through register transposes" in note
+        assert (f"{xs[1]} channels as overlapping full-vector blocks" in note) is (xs[1] % lanes != 0)
+        assert ("packed" in note) is (packed or xs[1] % lanes != 0)
+        assert ("layout_rewrite_preproc" in result.sch.mod.script()) is packed
+        off = DepthwiseConv2dRule(overlap=False).apply_with_note(kernel(xs[1]), NPU, host).note
+        assert "overlapping" not in off and (_block_lanes(off) < lanes) is (xs[1] % lanes != 0)
+    lanes = host_vector(NATIVE).lanes("float32")
+    channels = xs[1] if xs[1] % lanes else xs[1] + lanes // 2
+    mod, note = check_rule(DepthwiseConv2dRule(), kernel(channels), host=NATIVE, with_note=True)
+    assert f"packed {lanes}ch" in note and f"{channels} channels as overlapping full-vector blocks" in note
     assert ("layout_rewrite_preproc" in mod.script()) is packed
     assert "NCHW store through register transposes" in note
-    _, off = check_rule(DepthwiseConv2dRule(overlap=False), func, host=NATIVE, with_note=True)
-    assert "16ch" not in off and "overlapping" not in off
+    _, off = check_rule(DepthwiseConv2dRule(overlap=False), kernel(channels), host=NATIVE, with_note=True)
+    assert _block_lanes(off) < lanes and "overlapping" not in off
 
 
 @pytest.mark.parametrize("host, lanes", [(AVX2, 8), (HOST, 4)])
@@ -244,12 +267,22 @@ def test_overlap_refuses_a_channel_used_other_than_as_an_index():
 
 
 def test_overlap_left_out_where_it_does_not_apply():
-    """Fewer channels than a vector (nothing to fill), a symbolic batch and a
-    channels-last output keep the kernel as it was, still exact."""
+    """Fewer channels than a vector (nothing to fill), a symbolic batch and a channels-last output keep the
+    kernel as it was, still exact; each with a channel count sized by the host's vector so that only that
+    reason keeps the overlap out (12 and 24 on AVX-512's 16 lanes, 6 and 12 on AVX2's 8), scheduled for both
+    widths and run on this host."""
     n = tirx.Var("n", "int64")
-    for func, sizes in ((dw_kernel((1, 12, 9, 9), 3, 1, None, 1, "relu"), None),
-                        (dw_kernel((n, 24, 9, 9), 3, 1, None, 1, "relu6"), {"n": 2}),
-                        (dw_kernel((1, 24, 14, 14), 7, 1, None, 1, "nhwc"), None)):
+
+    def kernels(lanes):
+        few, odd = lanes * 3 // 4, lanes * 3 // 2       # below one vector; one and a half vectors
+        return ((dw_kernel((1, few, 9, 9), 3, 1, None, 1, "relu"), None),
+                (dw_kernel((n, odd, 9, 9), 3, 1, None, 1, "relu6"), {"n": 2}),
+                (dw_kernel((1, odd, 14, 14), 7, 1, None, 1, "nhwc"), None))
+
+    for host in (AVX512, AVX2):
+        for func, _ in kernels(host_vector(host).lanes("float32")):
+            assert "overlapping" not in DepthwiseConv2dRule().apply_with_note(func, NPU, host).note
+    for func, sizes in kernels(host_vector(NATIVE).lanes("float32")):
         _, note = check_rule(DepthwiseConv2dRule(), func, host=NATIVE, sizes=sizes, with_note=True)
         assert "overlapping" not in note
 
@@ -257,12 +290,15 @@ def test_overlap_left_out_where_it_does_not_apply():
 @pytest.mark.parametrize("xs, k, stride, pad", [((1, 32, 16, 16), 3, 1, None),
                                                 ((1, 48, 22, 22), 3, 2, None),             # only the left column
                                                 ((1, 16, 9, 10), 3, 1, (0, 1, 2, 1)),      # asymmetric
-                                                ((1, 72, 13, 13), 5, 2, None),             # overlapping blocks
+                                                ((1, 58, 13, 13), 5, 2, None),             # overlapping blocks
+                                                ((1, 32, 7, 7), 3, 1, None),               # 1-row tiles
                                                 ((1, 16, 9, 9), 3, 1, (0, 0, 0, 0))])      # nothing to fill
 def test_zero_fill_only_on_the_border(xs, k, stride, pad):
     """The staged rows' zero fill stores only what the in-bound copy leaves: whole rows above and below the
     input, the left and right columns in its rows (the fill's column loop runs over a row-dependent count);
-    exact; switched off, the fill covers the whole tile."""
+    exact; switched off, the fill covers the whole tile. 58 channels overlap on 8 and 16 lanes alike; 32
+    channels on a 7x7 plane are tiles of one row in several channel blocks on either width (a staged row
+    ``fused % OH + ry`` of the fused parallel loop, which decompose_padding cannot analyse)."""
     func = dw_kernel(xs, k, stride, pad, 1, "relu").with_attr("layout_free_buffers", [1])
     for border in (True, False):
         rule = DepthwiseConv2dRule(border_fill=border)

@@ -1,10 +1,14 @@
 """FallbackRule: whatever no other rule takes gets parallel loops, host-width vectors with tails, register tiles
 for unmatched products, vector partial sums for row reductions and tiled transposes, and stays exact.
 
-Every case is checked numerically against TVM's build of the unscheduled kernel (``check_rule``), on the
-AVX-512 host (``NATIVE``: 16 fp32 lanes) unless it says otherwise, and structurally: the path the rule took
-(its note) and the vector/parallel loops in the scheduled TIR, so a regression to scalar code fails here.
+Every case is checked numerically against TVM's build of the unscheduled kernel (``check_rule``), on this
+machine's host (``NATIVE``) unless it says otherwise, and structurally: the path the rule took (its note) and
+the vector/parallel loops in the scheduled TIR, so a regression to scalar code fails here. Where the structure
+depends on the vector width it is asserted for an AVX2 and an AVX-512 host too (``WIDTHS``: scheduled only,
+code built for AVX-512 may not run here), with the lanes each host's vectors hold.
 """
+
+import re
 
 import numpy as np
 import pytest
@@ -15,16 +19,43 @@ from tvm.relax import op
 from tvm.script import tirx as T
 
 from tvm_ascendfuse.schedule.fallback import MIN_PARALLEL_WORK, FallbackRule
+from tvm_ascendfuse.schedule.fast_math import use_fast_math
+from tvm_ascendfuse.schedule.hostvec import host_vector
 
 from .kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
 
 VECTOR, PARALLEL = tvm.tirx.ForKind.VECTORIZED, tvm.tirx.ForKind.PARALLEL
+AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+WIDTHS = (NATIVE, AVX2, AVX512)
 
 
 def schedule(build, shapes, dtype="float32", host=NATIVE, sizes=None, fixed=None):
     """(scheduled module, the rule's note) after the numeric check against the unscheduled kernel."""
     return check_rule(FallbackRule(), fused_kernel(build, shapes, dtype), host=host, sizes=sizes, fixed=fixed,
                       with_note=True)
+
+
+def schedule_func(host, func):
+    """(scheduled module, the rule's note): on ``NATIVE`` after the numeric check against the unscheduled
+    kernel; for another host the schedule only (not run: this machine may lack its vectors)."""
+    if host is NATIVE:
+        return check_rule(FallbackRule(), func, host=NATIVE, with_note=True)
+    result = FallbackRule().apply_with_note(use_fast_math(func), NPU, host)
+    return result.sch.mod, result.note
+
+
+def schedule_for(host, build, shapes, dtype="float32"):
+    return schedule_func(host, fused_kernel(build, shapes, dtype))
+
+
+def lanes_of(host, dtype="float32") -> int:
+    return host_vector(host).lanes(dtype)
+
+
+def test_the_hosts_cover_both_x86_widths():
+    """The width-dependent checks below assert nothing new on a host whose features were lost."""
+    assert [lanes_of(h) for h in (AVX2, AVX512)] == [8, 16]
 
 
 def loops(mod) -> list:
@@ -63,35 +94,46 @@ def unary(a):
     return op.add(op.multiply(a, a), op.exp(a))
 
 
-@pytest.mark.parametrize("width,lanes", [(1, []), (3, []), (17, [1, 16]), (33, [1, 16]), (1000, [8, 16])])
-def test_odd_width_elementwise(width, lanes):
-    """Rows of 17, 33 or 1000: 16-lane vectors and a tail vector (1000 = 62 x 16 + 8). One and three
-    columns are fused with the rows (contiguous), so even those run as vectors over the flattened rows."""
-    mod, note = schedule(unary, [(64, width)])
-    fused = 64 * width
-    if width < 16:
-        expected = sorted([16] + ([fused % 16] if fused % 16 > 1 else []))
-        assert vector_widths(mod) == expected, note
-    else:
-        # 64 rows of a width that is no multiple of 16 do not fuse into whole vectors any better: per row
-        assert sorted(set(vector_widths(mod)) - {1}) == [w for w in lanes if w > 1] or \
-            vector_widths(mod) == [16], note
+def _main_and_tail(n: int, lanes: int) -> list[int]:
+    """Vector widths of a loop of ``n`` cut into full vectors and one shorter tail (a one-lane tail is scalar)."""
+    return sorted({lanes} | ({n % lanes} if n % lanes > 1 else set()))
+
+
+@pytest.mark.parametrize("width", [1, 3, 17, 33, 1000])
+def test_odd_width_elementwise(width):
+    """Rows of 17, 33 or 1000: host-width vectors and a tail vector (1000 = 62 x 16 + 8 on AVX-512). One and
+    three columns are fused with the rows (contiguous), so even those run as vectors over the flattened rows."""
+    for host in WIDTHS:
+        mod, note = schedule_for(host, unary, [(64, width)])
+        lanes = lanes_of(host)
+        fused = _main_and_tail(64 * width, lanes)
+        if width < lanes:
+            assert vector_widths(mod) == fused, (host, note)
+        else:
+            # rows as wide as a vector or more may also run per row, a tail vector each
+            assert sorted(set(vector_widths(mod)) - {1}) in (fused, _main_and_tail(width, lanes)), (host, note)
 
 
 def test_row_width_not_a_multiple_of_lanes_has_main_and_tail_vectors():
-    mod, note = schedule(lambda a, b: op.add(a, b), [(64, 1000), (1000,)])       # b broadcast: rows stay apart
-    assert path_of(note, "T_add") == "elementwise, 16 lanes + tail 8"
-    assert vector_widths(mod) == [8, 16]
-    assert has_parallel(mod)
+    """Rows of 62 vectors and a half (1000 on AVX-512, 500 on AVX2): the full vectors and a tail vector."""
+    for host in WIDTHS:
+        lanes = lanes_of(host)
+        width = 62 * lanes + lanes // 2
+        # b broadcast: rows stay apart
+        mod, note = schedule_for(host, lambda a, b: op.add(a, b), [(64, width), (width,)])
+        assert path_of(note, "T_add") == f"elementwise, {lanes} lanes + tail {lanes // 2}", host
+        assert vector_widths(mod) == [lanes // 2, lanes], (host, note)
+        assert has_parallel(mod)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "int32", "int8"])
 def test_elementwise_other_dtypes(dtype):
-    """Lanes follow the element size: 32 fp16, 16 int32, 64 int8 per 512-bit vector."""
-    mod, note = schedule(lambda a, b: op.add(op.multiply(a, b), b), [(64, 1000), (1000,)], dtype)
-    lanes = {"float16": 32, "int32": 16, "int8": 64}[dtype]
-    assert max(vector_widths(mod)) == lanes, note
-    assert 1000 % lanes in vector_widths(mod) or 1000 % lanes == 0, note
+    """Lanes follow the element size: 32 fp16, 16 int32, 64 int8 per 512-bit vector, half as many per 256-bit."""
+    for host in WIDTHS:
+        mod, note = schedule_for(host, lambda a, b: op.add(op.multiply(a, b), b), [(64, 1000), (1000,)], dtype)
+        lanes = host_vector(host).bits // tvm.DataType(dtype).bits
+        assert max(vector_widths(mod)) == lanes, (host, note)
+        assert 1000 % lanes in vector_widths(mod) or 1000 % lanes == 0, (host, note)
 
 
 def test_portable_host_uses_four_lanes():
@@ -124,8 +166,9 @@ def test_tiny_kernels_run_serial_and_big_ones_in_parallel():
 
 
 def test_one_long_row_is_shared_by_the_cores():
-    mod, note = schedule(unary, [(1, 100003)])
-    assert has_parallel(mod) and 16 in vector_widths(mod), note
+    for host in WIDTHS:
+        mod, note = schedule_for(host, unary, [(1, 100003)])
+        assert has_parallel(mod) and lanes_of(host) in vector_widths(mod), (host, note)
 
 
 # ---- transposes: both axes tiled by a cache line ----------------------------------------------------------
@@ -164,14 +207,15 @@ REDUCE = {"sum": op.sum, "max": op.max, "mean": op.mean}
 @pytest.mark.parametrize("keepdims", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_inner_axis_reduction_uses_vector_partial_sums(kind, keepdims, dtype):
-    """Rows of 768 fp32 (48 vectors) or 160 fp16 (5 vectors: fp16 sums of longer rows differ from the
-    unscheduled order by more than fp16's tolerance, in either order)."""
+    """Rows of 768 fp32 (48 AVX-512 vectors) or 160 fp16 (5: fp16 sums of longer rows differ from the
+    unscheduled order by more than fp16's tolerance, in either order); partial sums as wide as a vector."""
     width = 768 if dtype == "float32" else 160
-    mod, note = schedule(lambda a: REDUCE[kind](a, axis=[1], keepdims=keepdims), [(96, width)], dtype)
-    red = next(p for p in note.removeprefix("fallback paths: ").split("; ") if "row" in p)
-    lanes = 16 if dtype == "float32" else 32
-    assert red.endswith(f"row, {lanes}-lane partial sums"), note
-    assert lanes in vector_widths(mod)
+    for host in WIDTHS:
+        mod, note = schedule_for(host, lambda a: REDUCE[kind](a, axis=[1], keepdims=keepdims), [(96, width)], dtype)
+        red = next(p for p in note.removeprefix("fallback paths: ").split("; ") if "row" in p)
+        lanes = lanes_of(host, dtype)
+        assert red.endswith(f"row, {lanes}-lane partial sums"), (host, note)
+        assert lanes in vector_widths(mod), (host, note)
 
 
 @pytest.mark.parametrize("kind", sorted(REDUCE))
@@ -186,10 +230,23 @@ def test_outer_axis_reduction_accumulates_vectors(kind, keepdims, dtype):
     assert vector_widths(mod), note
 
 
+def _reduce_extents(mod, prefix: str) -> list[int]:
+    """Extents of the reduction iterators of the update block named ``prefix``..."""
+    found = []
+    tvm_ffi.structural_walk(mod["main"].body, (tvm.s_tir.SBlock, lambda b: found.extend(
+        int(iv.dom.extent) for iv in b.iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
+        if b.name_hint.startswith(prefix) and not b.name_hint.endswith("_init") else None))
+    return found
+
+
 def test_mean_over_a_plane_fuses_its_axes():
-    """Global average pooling: H x W (14 x 14 = 196) fused into one row of 14-lane partial sums."""
-    mod, note = schedule(lambda a: op.mean(a, axis=[2, 3], keepdims=True), [(1, 64, 14, 14)])
-    assert "row, 14-lane partial sums" in note, note
+    """Global average pooling: H x W (14 x 14 = 196) fused into one row of partial sums as wide as the widest
+    divisor of 196 within a vector (14 lanes on AVX-512, 7 on AVX2), summed over 14 / 28 chunks of the row."""
+    for host in WIDTHS:
+        mod, note = schedule_for(host, lambda a: op.mean(a, axis=[2, 3], keepdims=True), [(1, 64, 14, 14)])
+        lanes = max(d for d in range(4, lanes_of(host) + 1) if 196 % d == 0)
+        assert f"row, {lanes}-lane partial sums" in note, (host, note)
+        assert _reduce_extents(mod, "p0_red_rf") == [196 // lanes], (host, note)     # one axis: the whole plane
 
 
 def test_middle_axis_reduction():
@@ -223,11 +280,17 @@ def test_unmatched_gemm_register_tiles():
     from .test_matmul import head_merge_linear
 
     func = fused_kernel(head_merge_linear(4, 40, 16), [(1, 4, 40, 16), (64, 48), (48,), (1, 40, 48)])
-    mod, note = check_rule(FallbackRule(), func, host=NATIVE, with_note=True)
-    path = path_of(note, "matmul")
-    assert path.startswith("accumulate ") and "rows (operand reused) x " in path, note
-    assert 16 in vector_widths(mod) and has_parallel(mod)
-    assert any(b.scope == "local.UB" for b in _allocations(mod)), "the tile of partial sums is not staged"
+    for host in WIDTHS:
+        mod, note = schedule_func(host, func)
+        path = path_of(note, "matmul")
+        tile = re.fullmatch(r"accumulate (\d+) rows \(operand reused\) x (\d+)x(\d+) lanes", path)
+        assert tile, (host, note)
+        rows, vectors, lanes = (int(g) for g in tile.groups())
+        # the weight's vectors reused across rows, the tile within the registers the host keeps sums in
+        assert lanes == lanes_of(host) and rows >= 2, (host, note)
+        assert rows * vectors <= host_vector(host).accumulators, (host, note)
+        assert lanes in vector_widths(mod) and has_parallel(mod), (host, note)
+        assert any(b.scope == "local.UB" for b in _allocations(mod)), f"{host}: the tile of partial sums is not staged"
 
 
 def _allocations(mod) -> list:
@@ -254,9 +317,16 @@ def test_unmatched_gemm_with_symbolic_rows():
 
 
 def test_gemv_sums_rows_in_vectors():
-    """y = A.x: the output axis gathers A (stride K), so the row path takes it: 16-lane partial sums."""
-    mod, note = schedule(lambda a, x: op.matmul(a, x), [(64, 256), (256,)])
-    assert "row, 16-lane partial sums" in note, note
+    """y = A.x: the output axis gathers A (stride K), so the row path takes it: partial sums a vector wide."""
+    for host in WIDTHS:
+        mod, note = schedule_for(host, lambda a, x: op.matmul(a, x), [(64, 256), (256,)])
+        assert f"row, {lanes_of(host)}-lane partial sums" in note, (host, note)
+
+
+# {host fp32 lanes: {stride: register tile}}: the widest vectors dividing the 120 / 60 output columns, up to
+# four of them, and as many output channels as the host's accumulator registers then hold
+CONV1D_TILES = {16: {1: "4 rows (operand reused) x 4x15 lanes", 2: "4 rows (operand reused) x 4x15 lanes"},
+                8: {1: "2 rows (operand reused) x 3x8 lanes", 2: "4 rows (operand reused) x 2x6 lanes"}}
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -266,10 +336,12 @@ def test_conv1d_register_tiles_and_deinterleaves_strided_input(stride):
     def build(x, w):
         return op.nn.conv1d(x, w, strides=stride, padding=1)
 
-    mod, note = schedule(build, [(1, 16, 120), (32, 16, 3)])
-    assert path_of(note, "conv1d_ncw").startswith("accumulate 4 rows (operand reused) x 4x15 lanes"), note
-    pads = [b for b in _buffers(mod) if b.name == "pad_temp"]
-    assert len(pads[0].ty.shape) == (4 if stride == 2 else 3), pads[0].ty.shape
+    for host in WIDTHS:
+        mod, note = schedule_for(host, build, [(1, 16, 120), (32, 16, 3)])
+        tile = CONV1D_TILES[lanes_of(host)][stride]
+        assert path_of(note, "conv1d_ncw") == f"accumulate {tile}", (host, note)
+        pads = [b for b in _buffers(mod) if b.name == "pad_temp"]
+        assert len(pads[0].ty.shape) == (4 if stride == 2 else 3), (host, pads[0].ty.shape)
 
 
 def _buffers(mod) -> list:
@@ -326,11 +398,15 @@ def test_matches_unscheduled(case):
 
 def test_add_layer_norm_sums_rows_in_vectors():
     """GPT-2's add + LayerNorm with the sum as a second output (the reduction rule declines it): row sums as
-    16-lane partials, both elementwise stages vectorised."""
+    partials a vector wide, both elementwise stages vectorised."""
     build = CASES["layer_norm_with_sum_output"][2]
-    mod, note = schedule(build, [(128, 768), (128, 768), (768,), (768,)])
-    assert note.count("row, 16-lane partial sums") == 2, note
-    assert has_parallel(mod)
+    for host in WIDTHS:
+        mod, note = schedule_for(host, build, [(128, 768), (128, 768), (768,), (768,)])
+        lanes = lanes_of(host)
+        assert note.count(f"row, {lanes}-lane partial sums") == 2, (host, note)
+        for block in ("T_add", "T_layer_norm"):
+            assert path_of(note, block).startswith(f"elementwise, {lanes} lanes"), (host, note)
+        assert has_parallel(mod)
 
 
 def test_never_fails_on_opaque_tir():

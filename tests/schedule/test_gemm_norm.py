@@ -199,11 +199,25 @@ def _root_loop_of(mod, prefix):
 def test_scores_computed_per_row_block_before_their_softmax():
     """Scores bigger than the cache (2 x 300 x 320 x 4 B > 512 KiB of L1) with a Kᵀ panel that fits: the
     product is computed per block of rows right before the softmax of those rows (one loop nest), so the
-    scores never round-trip through memory; numerically the same as the unscheduled kernel."""
+    scores never round-trip through memory, its register block on full host vectors; numerically the same
+    as the unscheduled kernel. The structure also on an AVX2 and an AVX-512 host (scheduled, not run)."""
+    import tvm
+
+    from tvm_ascendfuse.schedule.common import vector_lanes
+    from tvm_ascendfuse.schedule.fast_math import use_fast_math
+
     shapes, build = scores_from_packed_qkv(2, 16, 300)
-    mod = check_rule(GemmNormRule(), fused_kernel(build, shapes), host=NATIVE)
-    assert _root_loop_of(mod, "matmul") == _root_loop_of(mod, "T_softmax_norm") is not None
-    assert all(w == 16 for w in _gemm_vector_widths(mod))
+    func = fused_kernel(build, shapes)
+    avx2, avx512 = (tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": cpu})
+                    for cpu in ("haswell", "skylake-avx512"))
+    for host in (NATIVE, avx2, avx512):
+        if host is NATIVE:
+            mod = check_rule(GemmNormRule(), func, host=NATIVE)
+        else:
+            mod = GemmNormRule().apply_with_note(use_fast_math(func), NPU, host).sch.mod
+        assert _root_loop_of(mod, "matmul") == _root_loop_of(mod, "T_softmax_norm") is not None, host
+        widths = _gemm_vector_widths(mod)
+        assert widths and all(w == vector_lanes(host, 32) for w in widths), (host, widths)
     staged = check_rule(GemmNormRule(row_blocks=False), fused_kernel(build, shapes), host=NATIVE)
     assert _root_loop_of(staged, "matmul") != _root_loop_of(staged, "T_softmax_norm")
 

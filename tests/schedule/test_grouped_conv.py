@@ -89,10 +89,10 @@ def se_pool(groups, axis=(2, 3), keep_output=True):
 
 
 @pytest.mark.parametrize("xs, ws, groups, keep", [
-    ((1, 64, 16, 16), (64, 16, 3, 3), 4, True),     # 256 a plane: 16-lane partial sums
-    ((1, 48, 14, 14), (48, 16, 3, 3), 3, True),     # 196: 14-lane partial sums
-    ((1, 32, 7, 7), (32, 8, 3, 3), 4, True),        # 49: scalar
-    ((2, 30, 9, 9), (30, 6, 3, 3), 5, False),       # batch 2, odd group width, the conv output stays inside
+    ((1, 64, 16, 16), (64, 16, 3, 3), 4, True),     # 256 a plane: a full vector of partial sums
+    ((1, 48, 14, 14), (48, 16, 3, 3), 3, True),     # 196: 14-lane partial sums (7 on AVX2)
+    ((1, 32, 7, 7), (32, 8, 3, 3), 4, True),        # 49: 7-lane partial sums
+    ((2, 30, 9, 9), (30, 6, 3, 3), 5, False),       # batch 2, odd group width, output stays inside; 81: 9
 ])
 @pytest.mark.parametrize("host", [NATIVE, HOST], ids=["native", "portable"])
 def test_se_pool_after_the_conv(xs, ws, groups, keep, host):

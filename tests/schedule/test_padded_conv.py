@@ -20,6 +20,10 @@ from tvm_ascendfuse.schedule.hostvec import host_vector
 from tvm_ascendfuse.schedule.padded_conv import PaddedConv2dRule
 
 AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+# half a vector of this host (8 channels on AVX-512, 4 on AVX2): the cases whose point is a channel count
+# only half a vector divides are sized by it, so they pad on whichever width runs them
+HALF = host_vector(NATIVE).lanes("float32") // 2
 
 
 def conv_block(stride=1, pad=0, act="relu", residual=False):
@@ -44,8 +48,10 @@ def kernel(xs, ws, stride=1, act="relu", residual=False, dtype="float32"):
     ((1, 116, 14, 14), (116, 116, 1, 1), 1, "relu", False),   # ShuffleNetV2 stage 3 (4-lane vectors unpadded)
     ((1, 58, 28, 28), (58, 58, 1, 1), 1, "relu", False),      # stage 2 (2 lanes)
     ((1, 24, 56, 56), (58, 24, 1, 1), 1, "relu", False),      # its first 1x1 on the large plane
-    ((1, 232, 7, 7), (232, 232, 1, 1), 1, "relu", True),      # 8 lanes in blocks of one vector, residual
-    ((2, 40, 11, 13), (40, 40, 3, 3), 2, "silu", False),      # 3x3 strided, odd plane, batch 2, SiLU
+    # half-vector lanes in blocks of one vector, residual (232 on AVX-512: 8 lanes; 116 on AVX2: 4)
+    ((1, 29 * HALF, 7, 7), (29 * HALF, 29 * HALF, 1, 1), 1, "relu", True),
+    # 3x3 strided, odd plane, batch 2, SiLU (40 channels on AVX-512, 20 on AVX2)
+    ((2, 5 * HALF, 11, 13), (5 * HALF, 5 * HALF, 3, 3), 2, "silu", False),
     ((1, 19, 9, 9), (58, 19, 3, 3), 1, "none", False),        # odd input channels, bias only
 ])
 def test_padded_channels_compute_the_unscheduled_numbers(xs, ws, stride, act, residual):
@@ -98,18 +104,46 @@ def test_declines_where_padding_saves_no_vector_fma(host, oc):
     check_rule(PaddedConv2dRule(), kernel((1, 16, 14, 14), (oc, 16, 1, 1)), host=host, expect=False)
 
 
+def _padded_weight(mod) -> list[int]:
+    (weight,) = [b for b in mod["main"].body.block.alloc_buffers if b.name == "p1_chpad"]
+    return [int(d) for d in weight.ty.shape]
+
+
 @pytest.mark.parametrize("xs,ws,stride", [
     ((1, 40, 28, 28), (24, 40, 1, 1), 1),       # three 8-lane vectors unpadded, two full ones padded
     ((1, 72, 14, 14), (120, 72, 3, 3), 2),      # 15 of 8 lanes -> 8 of 16
 ])
 def test_multiples_of_8_are_padded_to_full_vectors(xs, ws, stride):
-    check_rule(PaddedConv2dRule(), kernel(xs, ws, stride), host=NATIVE)
+    """Multiples of 8 channels, not of 16: on AVX-512 padded to whole 16-lane vectors (scheduled only: the
+    host may lack AVX-512); AVX2's 8-lane vector divides them, nothing to pad. The numbers on this host, with
+    the count as many half vectors of its own width (24 and 120 on AVX-512, 12 and 60 on AVX2)."""
+    func = use_fast_math(kernel(xs, ws, stride))
+    padded = PaddedConv2dRule().apply(func, NPU, AVX512)
+    assert padded is not None
+    shape = _padded_weight(padded.mod)
+    assert shape[4] % 16 == 0 and shape[0] * shape[4] == -(-ws[0] // 16) * 16
+    assert PaddedConv2dRule().apply(func, NPU, AVX2) is None
+    lanes, oc = 2 * HALF, ws[0] // 8 * HALF
+    mod = check_rule(PaddedConv2dRule(), kernel(xs, (oc, *ws[1:]), stride), host=NATIVE)
+    shape = _padded_weight(mod)
+    assert shape[4] % lanes == 0 and shape[0] * shape[4] == -(-oc // lanes) * lanes
 
 
 def test_declines_a_pointwise_conv_on_pixel_vectors():
     """A large plane's pointwise conv runs on pixel vectors in the conv2d rule: its channels are not on the
-    lanes, padding would only add work."""
-    check_rule(PaddedConv2dRule(), kernel((1, 16, 56, 56), (36, 16, 1, 1)), host=NATIVE, expect=False)
+    lanes, padding would only add work. The smallest such block at one load per two FMAs (4 channels x 4
+    pixel vectors) needs 16 accumulators, AVX2's 16 registers leave 8: there the conv keeps channel vectors
+    and its 36 channels are padded. Declined exactly where the conv2d rule takes pixel vectors, on AVX-512,
+    AVX2 and this host."""
+    func = kernel((1, 16, 56, 56), (36, 16, 1, 1))
+
+    def on_pixel_vectors(host):
+        return "pixel vectors" in Conv2dRule().apply(use_fast_math(func), NPU, host).mod.script()
+
+    assert on_pixel_vectors(AVX512)
+    for host in (AVX512, AVX2):
+        assert (PaddedConv2dRule().apply(use_fast_math(func), NPU, host) is None) is on_pixel_vectors(host)
+    check_rule(PaddedConv2dRule(), func, host=NATIVE, expect=not on_pixel_vectors(NATIVE))
 
 
 def test_padding_rewrite_keeps_the_numbers_unscheduled():
@@ -169,9 +203,6 @@ def test_channel_shuffle_prologue_that_is_also_an_output(rule):
     check_rule(rule(), func.with_attr("layout_free_buffers", [2]), host=NATIVE)
 
 
-AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
-
-
 @pytest.mark.parametrize("xs,ws,residual", [
     ((1, 32, 7, 7), (144, 32, 1, 1), False),     # 9 vectors of 16 on 7-column rows: 1 x 7 -> 2 x 7 on 160
     ((1, 24, 7, 7), (144, 24, 1, 1), True),      # ... with a residual epilogue
@@ -199,8 +230,11 @@ def test_odd_vector_counts_not_padded_where_it_does_not_pay(xs, ws):
 def test_pointwise_padded_conv_on_a_14_wide_plane_takes_two_vectors():
     """Xception's 1x1 conv 728->728 on 14x14 (+ bias + ReLU), padded to 736 = 46 vectors of 16: its register
     block is two vectors x 7 columns (14 accumulators) on AVX-512, not the pointwise one-vector block's 1 x 7
-    (7 accumulators, measured slower); the numbers equal the unscheduled kernel's on this host."""
+    (7 accumulators, measured slower); the numbers equal the unscheduled kernel's where the host runs it so.
+    On AVX2 728 is 91 whole vectors of 8 and two of them x 7 columns would need 14 of its 8 accumulators:
+    not padded."""
     func = kernel((1, 728, 14, 14), (728, 728, 1, 1))
     script = PaddedConv2dRule().apply(use_fast_math(func), NPU, AVX512).mod.script()
     assert "ConvTiles(vl=16, ocr=2, owr=7)" in script
-    check_rule(PaddedConv2dRule(), func, host=NATIVE)
+    assert PaddedConv2dRule().apply(use_fast_math(func), NPU, AVX2) is None
+    check_rule(PaddedConv2dRule(), func, host=NATIVE, expect=host_vector(NATIVE).lanes("float32") == 16)

@@ -15,12 +15,20 @@ from tests.helpers import assert_same_numbers
 from tests.schedule.kernels import HOST, NATIVE, check_rule, fused_kernel
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
 from tvm_ascendfuse.schedule.analysis import match_pool
+from tvm_ascendfuse.schedule.fast_math import use_fast_math
 from tvm_ascendfuse.schedule.hostvec import host_vector
 from tvm_ascendfuse.schedule.pool import PoolRule, choose_pool_tile
 from tvm_ascendfuse.target import get_target
 
 NPU = get_target("ascend910b")
 AVX2_HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+# scheduled only (this machine may lack its vectors): the structure asserted for both x86 widths
+AVX512_HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+
+
+def _script_for(func, host) -> str:
+    """The pool rule's schedule of ``func`` for ``host``, not run."""
+    return PoolRule().apply(use_fast_math(func), NPU, host).mod.script()
 
 
 def _flat(x):
@@ -72,10 +80,13 @@ def test_global_mean_and_flatten():
                                           ((1, 7, 9, 21), "float32"), ((2, 5, 13, 13), "float16")])
 def test_global_pool_of_a_computed_plane_uses_partial_sums(shape, dtype):
     """ConvNeXt-V2's GRN: the sum of squares over each plane, no conv before it. Summed as vector partial
-    sums over the plane (one scalar chain per channel ran at 3.6 GFLOP/s)."""
+    sums over the plane (one scalar chain per channel ran at 3.6 GFLOP/s), on AVX2 too where no divisor of
+    a 13 x 13 plane fits one vector."""
     build = lambda x: op.sum(op.multiply(x, x), axis=[2, 3], keepdims=True)   # noqa: E731
-    mod = check_rule(PoolRule(), fused_kernel(build, [shape], dtype), host=NATIVE)
-    assert "global pool" in mod.script() and "partial sums" in mod.script()
+    func = fused_kernel(build, [shape], dtype)
+    mod = check_rule(PoolRule(), func, host=NATIVE)
+    for text in (mod.script(), _script_for(func, AVX2_HOST), _script_for(func, AVX512_HOST)):
+        assert "global pool" in text and "partial sums" in text
 
 
 def test_global_mean_over_a_short_plane_keeps_the_window_path():
@@ -137,10 +148,20 @@ def test_conv_straight_into_avg_pool():
     assert "ConvTiles" in mod.script()
 
 
+# The conv rule's schedule of head()'s 48-channel 1x1 conv on a 7x7 plane, by host fp32 lanes: row blocks on
+# AVX-512; on AVX2 a 7-wide row's own block takes a load per FMA, so the plane runs as one pixel axis
+# (``conv_schedule._flat_plane_plan``)
+HEAD_CONV = {16: "ConvTiles(vl=16,", 8: "flat plane: 3 x 8 channels x 4 pixels + 1"}
+
+
 def test_conv_residual_then_global_mean():
+    """The conv part gets the conv rule's schedule for the host's vectors, the pool its channel lanes."""
     func = fused_kernel(head, [(1, 16, 7, 7), (48, 16, 1, 1), (1, 48, 1, 1), (1, 48, 7, 7)])
-    mod = check_rule(PoolRule(), func, host=NATIVE)
-    assert "ConvTiles" in mod.script()
+    texts = {NATIVE: check_rule(PoolRule(), func, host=NATIVE).script()}
+    texts.update({h: _script_for(func, h) for h in (AVX2_HOST, AVX512_HOST)})
+    for host, text in texts.items():
+        lanes = host_vector(host).lanes("float32")
+        assert HEAD_CONV[lanes] in text and f"{lanes} channel lanes" in text, (host, text[-3000:])
 
 
 def test_declines_what_is_not_pooling():
@@ -436,7 +457,12 @@ def test_pooled_tile_stored_through_register_transposes(case):
 
 
 def test_pooled_rows_no_column_block_divides_keep_the_lane_store():
-    """A pooled row of 17 columns (no block of 4..16 divides it) keeps the element-wise write-back; same numbers."""
+    """A pooled row of 17 columns (no block of 4..16 divides it) keeps the element-wise write-back; same numbers
+    on the AVX2 host and this machine's, the same structure on the AVX-512 host too."""
     shapes = [(1, 8, 71, 71), (16, 8, 3, 3), (1, 16, 1, 1)]          # conv 35 x 35 -> pool 17 x 17
-    text = check_rule(PoolRule(), fused_kernel(squeezenet_stem, shapes), host=NATIVE).script()
-    assert "16 channel lanes" in text and "register transposes" not in text
+    func = fused_kernel(squeezenet_stem, shapes)
+    texts = {h: check_rule(PoolRule(), func, host=h).script() for h in (NATIVE, AVX2_HOST)}
+    texts[AVX512_HOST] = _script_for(func, AVX512_HOST)
+    for host, text in texts.items():
+        lanes = host_vector(host).lanes("float32")
+        assert f"{lanes} channel lanes" in text and "register transposes" not in text, (host, text[-3000:])

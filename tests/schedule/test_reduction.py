@@ -1,14 +1,21 @@
 """ReductionRule: row reductions with prologue/epilogue, against the unscheduled kernel."""
 
 import pytest
+import tvm
 from tvm import tirx
 from tvm.relax import op
 
 from tvm_ascendfuse.analysis.ub_usage import kernel_usage
+from tvm_ascendfuse.schedule.fast_math import use_fast_math
+from tvm_ascendfuse.schedule.hostvec import host_vector
 from tvm_ascendfuse.schedule.reduction import ReductionRule
 from tvm_ascendfuse.target import get_target
 
 from .kernels import HOST, NATIVE, NPU, check_rule, fused_kernel
+
+# Hosts of both x86 vector widths: kernels are only scheduled for them (this machine may lack their vectors)
+AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
 
 
 def add_layer_norm(h):
@@ -181,19 +188,26 @@ def _vector_lanes_by_block(mod):
 
 @pytest.mark.parametrize("keys", [100, 1500])
 def test_rows_no_full_vector_divides(keys):
-    """Softmax over 100 / 1500 keys (no 16-lane vector divides them; 4 does): the exponentials and the
+    """Softmax over 100 / 1500 keys (no 16- or 8-lane vector divides them; 4 does): the exponentials and the
     normalised row run as full vectors plus one shorter tail vector, the row maxima and sums as partials of
-    20 / 60 lanes (a divisor of the row, several full vectors wide), not as 4-lane vectors."""
+    20 / 60 lanes on AVX-512, 20 / 20 on AVX2 (a divisor of the row, several full vectors wide), not as 4-lane
+    vectors. The numbers are checked on this machine's host, the lanes on both widths."""
     from tvm_ascendfuse.schedule.reduction import partials_width
 
-    mod = check_rule(ReductionRule(), fused_kernel(lambda x: op.nn.softmax(x, -1), [(3, keys)]), host=NATIVE)
-    lanes = _vector_lanes_by_block(mod)
-    exp = set().union(*(v for k, v in lanes.items() if k.startswith("T_softmax_exp")))
-    norm = set().union(*(v for k, v in lanes.items() if k.startswith("T_softmax_norm")))
-    assert 16 in exp and 16 in norm and keys % 16 in exp, lanes
-    width = partials_width(keys, 16)
-    assert width == {100: 20, 1500: 60}[keys]
-    assert lanes.get("T_softmax_maxelem_rf_update") == {width}, lanes
+    assert [partials_width(keys, 16), partials_width(keys, 8)] == {100: [20, 20], 1500: [60, 20]}[keys]
+    func = fused_kernel(lambda x: op.nn.softmax(x, -1), [(3, keys)])
+    for host in (NATIVE, AVX2, AVX512):
+        if host is NATIVE:
+            mod = check_rule(ReductionRule(), func, host=NATIVE)
+        else:
+            mod = ReductionRule().apply_with_note(use_fast_math(func), NPU, host).sch.mod
+        vl = host_vector(host).lanes("float32")
+        assert keys % vl > 1, "a full vector divides the row: nothing to check"
+        lanes = _vector_lanes_by_block(mod)
+        exp = set().union(*(v for k, v in lanes.items() if k.startswith("T_softmax_exp")))
+        norm = set().union(*(v for k, v in lanes.items() if k.startswith("T_softmax_norm")))
+        assert vl in exp and vl in norm and keys % vl in exp, (host, lanes)
+        assert lanes.get("T_softmax_maxelem_rf_update") == {partials_width(keys, vl)}, (host, lanes)
 
 
 def _norm_then_roll(h: int, shift: int):

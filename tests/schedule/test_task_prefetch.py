@@ -17,6 +17,9 @@ from tvm_ascendfuse.schedule.conv import Conv2dRule
 from tvm_ascendfuse.schedule.task_prefetch import insert_prefetches
 
 RNG = np.random.default_rng(3)
+# explicit hosts of both vector widths, for structure only (code built for them may not run on this machine)
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
 
 
 def residual_pointwise(x, w, b, r):
@@ -28,8 +31,8 @@ def pointwise_relu(x, w, b):
     return op.nn.relu(op.add(op.nn.conv2d(x, w), b))
 
 
-def _scheduled(build, shapes):
-    sch = Conv2dRule().apply(fused_kernel(build, shapes), NPU, NATIVE)
+def _scheduled(build, shapes, host=NATIVE):
+    sch = Conv2dRule().apply(fused_kernel(build, shapes), NPU, host)
     assert sch is not None
     return sch.mod["main"]
 
@@ -53,25 +56,40 @@ def _streams(func):
 
 def test_weights_of_the_next_task_and_the_residual_of_its_own_epilogue():
     """A 1x1 conv + residual over a 14x14 plane runs a task per block of output channels (whole plane): each
-    task prefetches the next task's weight block (256 channels x 32 outputs: 512 lines, right behind its own)
-    and the residual lines its own epilogue reads (32 planes of 196: 392 lines)."""
-    func = _scheduled(residual_pointwise, [(1, 256, 14, 14), (1024, 256, 1, 1), (1, 1024, 1, 1), (1, 1024, 14, 14)])
-    prefetched, streams = _streams(func)
-    weight, residual = streams[func.params[1].name], streams[func.params[3].name]
-    assert (weight.next_task, weight.group, weight.count, weight.step) == (True, 1, 512, 512)
-    assert (residual.next_task, residual.count, residual.step) == (False, 392, 392)
-    assert func.params[0].name not in streams and func.params[2].name not in streams   # shared input, bias
+    task prefetches the next task's weight block (256 channels x its outputs, right behind its own) and the
+    residual lines its own epilogue reads (its planes of 196). AVX-512's block is 2 x 16 channels (512 and 392
+    lines), AVX2's one 8-lane vector (1 x 7 on its 8 accumulators: 128 and 98 lines)."""
+    shapes = [(1, 256, 14, 14), (1024, 256, 1, 1), (1, 1024, 1, 1), (1, 1024, 14, 14)]
+    for host, ocb in ((AVX512, 32), (AVX2, 8)):
+        func = _scheduled(residual_pointwise, shapes, host)
+        _, streams = _streams(func)
+        weight, residual = streams[func.params[1].name], streams[func.params[3].name]
+        lines = 256 * ocb * 4 // 64, ocb * 196 * 4 // 64
+        assert (weight.next_task, weight.group, weight.count, weight.step) == (True, 1, lines[0], lines[0]), host
+        assert (residual.next_task, residual.count, residual.step) == (False, lines[1], lines[1]), host
+        assert func.params[0].name not in streams and func.params[2].name not in streams   # shared input, bias
+    func = _scheduled(residual_pointwise, shapes)
+    prefetched, _ = _streams(func)
     assert prefetched.script().count("llvm.prefetch") == 2
     _same_outputs(func, prefetched)
 
 
 def test_tasks_sharing_a_weight_block_prefetch_the_next_block_in_shares():
-    """A 1x1 conv whose 7-wide output row is one register block runs a task per (channel block, row): the
-    7 tasks of a block share its weights, and each prefetches a seventh of the next block's."""
-    func = _scheduled(pointwise_relu, [(1, 192, 7, 7), (1152, 192, 1, 1), (1, 1152, 1, 1)])
+    """A 1x1 conv whose output row is one register block runs a task per (channel block, row): the tasks of
+    a block's rows share its weights, and each prefetches its share of the next block's. A 7-wide row is one
+    block on AVX-512 (2 x 16 channels x 7); on AVX2 it would be 1 x 7, a load per FMA, and the conv takes the
+    flat plane instead. A 4-wide row is one block at both widths (2 x 16 x 4 on AVX-512, 1 x 8 x 4 on AVX2)."""
+    def shapes(hw):
+        return [(1, 192, hw, hw), (1152, 192, 1, 1), (1, 1152, 1, 1)]
+
+    for host, hw, ocb in ((AVX512, 7, 32), (AVX512, 4, 32), (AVX2, 4, 8)):
+        func = _scheduled(pointwise_relu, shapes(hw), host)
+        weight = _streams(func)[1][func.params[1].name]
+        assert (weight.next_task, weight.group, weight.count) == (True, hw, 192 * ocb * 4 // 64), (host, hw)
+    func = _scheduled(pointwise_relu, shapes(4))
     prefetched, streams = _streams(func)
     weight = streams[func.params[1].name]
-    assert (weight.next_task, weight.group, weight.count) == (True, 7, 192 * 32 * 4 // 64)
+    assert (weight.next_task, weight.group) == (True, 4)
     _same_outputs(func, prefetched)
 
 

@@ -23,6 +23,9 @@ from tvm_ascendfuse.workloads import conv_bn_relu
 from tests.helpers import assert_close
 
 NPU = get_target("ascend910b")
+# explicit hosts of both vector widths, for structure only (code built for them may not run on this machine)
+AVX512 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+AVX2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
 
 
 def _conv_relu(stride, pad):
@@ -46,8 +49,9 @@ CASES = {
     "3x3_s2": (lambda: _fused((1, 8, 15, 15), (32, 8, 3, 3), 2, 1), NATIVE),
     "1x1": (lambda: _fused((1, 24, 10, 10), (48, 24, 1, 1), 1, 0), HOST),
     "3x3_odd_width": (lambda: _fused((1, 8, 12, 13), (16, 8, 3, 3), 1, 1), HOST),
-    # small plane: input-channel chunks outside the pixel loops, the accumulator of the plane held in UB
-    "3x3_plane_chunks": (lambda: _fused((1, 64, 7, 7), (64, 64, 3, 3), 1, 1), NATIVE),
+    # small plane: input-channel chunks outside the pixel loops, the accumulator of the plane held in UB (at
+    # both vector widths: test_plane_chunk_space_at_both_widths)
+    "3x3_plane_chunks": (lambda: _fused((1, 64, 14, 14), (64, 64, 3, 3), 1, 1), NATIVE),
     # epilogue on channel vectors with column blocks that do not divide the width: the last block's store
     # transpose is predicated and stays a plain copy
     "3x3_lane_epilogue_ragged_columns": (lambda: _fused((1, 16, 24, 24), (32, 16, 3, 3), 1, 1), NATIVE),
@@ -78,6 +82,19 @@ def test_every_point_fits_ub_and_matches_the_unscheduled_kernel(name):
         assert ub_fits(sch.mod["main"], NPU), choice
         VerifyUBCapacity(NPU)(sch.mod)                          # raises UBCapacityError on overflow
         assert_close(_run(sch.mod, inputs), expected, rtol=1e-4, atol=1e-4, err_msg=str(choice))
+
+
+def test_plane_chunk_space_at_both_widths():
+    """Every point of the small-plane case keeps the channel chunks, and the space has several points, with
+    16 and with 8 lanes. (On a 7x7 plane, 64 output channels in 7 rows give the chunks too few tasks: AVX-512
+    declines them, AVX2's space holds three register blocks.)"""
+    make, _ = CASES["3x3_plane_chunks"]
+    for host in (AVX512, AVX2):
+        points = candidate_schedules(make(), "conv2d", NPU, host)
+        assert len(points) >= 4, host
+        for choice, sch in points:
+            script = sch.mod.script()
+            assert "rc_0" in script and "yy_0" in script, (host, choice)      # chunked reduction, row blocks
 
 
 def test_w1_space_varies_blocks_of_rows_and_register_blocks():

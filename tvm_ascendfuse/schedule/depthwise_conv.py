@@ -237,7 +237,11 @@ class DepthwiseConv2dRule(ScheduleRule):
         # the accumulator: one register block (owr x vl) in NCHW[vl]c
         sch.transform_layout(conv, ("write", 0), lambda a, c, h, w: (a, c // vl, h, w, c % vl))
         sch.set_scope(conv, 0, "local")
-        tile = sch.fuse(n, f0, y0)
+        # the tile's loops (n, f0, y0) are fused into the parallel loop only after the staged rows' padding is
+        # decomposed: with one row a tile and several batch x channel blocks, the staged row index under the
+        # fused loop is ``fused % OH + ry``, which TVM's iter-map analysis (decompose_padding) cannot normalise;
+        # the stage would keep its per-element padding select, be copied lane by lane instead of through the
+        # register transposes, and get no border-only fill
         # weights: (C/vl, 1, KH, KW, vl)
         packed = False
         if store is not None:
@@ -248,14 +252,14 @@ class DepthwiseConv2dRule(ScheduleRule):
         else:
             wt = sch.cache_read(conv, info.weight_read, UB_SCOPE)
             sch.transform_layout(wt, ("write", 0), lambda c, r, h, w: (c // vl, r, h, w, c % vl))
-            sch.compute_at(wt, tile, preserve_unit_loops=True)
+            sch.compute_at(wt, y0, preserve_unit_loops=True)
             wc, wh, ww = sch.get_loops(wt)[-3:]
             sch.reorder(wh, ww, wc)
             try_(sch.vectorize, wc)
         # input rows of the tile, padded, NCHW[vl]c in UB: zero border, then the in-bound pixels
         sch.transform_layout(stage, ("write", 0), lambda a, c, h, w: (a, c // vl, h, w, c % vl))
         sch.set_scope(stage, 0, UB_SCOPE)
-        sch.compute_at(stage, tile, preserve_unit_loops=True)
+        sch.compute_at(stage, y0, preserve_unit_loops=True)
         sc, sh, sw = sch.get_loops(stage)[-3:]
         sch.reorder(sh, sw, sc)
         box = _in_bound_box(sch.get(stage))
@@ -269,6 +273,7 @@ class DepthwiseConv2dRule(ScheduleRule):
             and mark_transposed_stage(sch, stage, vl, cols)
         if not transposed:
             try_(sch.vectorize, sch.get_loops(stage)[-1])     # one lane-strided load per element
+        tile = sch.fuse(n, f0, y0)
         # epilogue per register block
         how = self._epilogue_at(sch, epilogue[-1], layout, x0, vl, store)
         sch.vectorize(f1)
