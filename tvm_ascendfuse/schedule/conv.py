@@ -31,7 +31,7 @@ class Conv2dRule(ScheduleRule):
     def __init__(self, **options):
         """``options``: the fields of ``ConvOptions`` (the defaults are the measured recipe). With ``tiles``
         (``tiles(sch, default, candidates)``) a tuner picks the ConvChoice to use, see ``tunable.py``."""
-        self.options = ConvOptions(**options)
+        self.options = ConvOptions(**{"column_pad": True, **options})
 
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):

@@ -57,7 +57,8 @@ from .common import (new_schedule,
     vector_lanes,
     vectorize_inner,
 )
-from .conv_schedule import DEFAULT_OPTIONS, ConvOptions, extent_of, schedule_conv2d
+from .column_pad import pad_conv_columns, padded_columns
+from .conv_schedule import DEFAULT_OPTIONS, ConvOptions, choose_conv_tiles, extent_of, schedule_conv2d
 from .hostvec import host_vector
 from .lane_pool import channel_lanes, schedule_lane_pool
 from .row_blocks import loop_tiles
@@ -129,6 +130,9 @@ class PoolRule(ScheduleRule):
         padded = self._with_padded_conv(func, target, host)
         if padded is not None:
             return padded
+        padded = self._with_padded_columns(func, target, host)
+        if padded is not None:
+            return padded
         return self.schedule(new_schedule(tvm.IRModule({"main": func})), target, host)
 
     def _with_padded_conv(self, func, target, host) -> s_tir.Schedule | None:
@@ -170,6 +174,42 @@ class PoolRule(ScheduleRule):
         pack_padded_weight(sch, padded, info.weight_buf, chosen[0].tiles.ocb)
         return sch
 
+    def _with_padded_columns(self, func, target, host) -> s_tir.Schedule | None:
+        """The kernel with its conv's rows padded to whole register blocks (``column_pad.py``) where the conv
+        schedule's block for a kernel wider than one column would leave a tail or be one column wide
+        (Inception-v3's 80->192 3x3 conv on 73x73 + max-pool: 71 columns, 4 vectors x 1 column on AVX2), else
+        None. The padded columns are computed and never read: the epilogue and the pool read the row's own."""
+        sch = new_schedule(tvm.IRModule({"main": func}))
+        blocks = list(root_blocks(sch))
+        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
+        if len(reductions) != 2 or match_pool(sch, blocks[reductions[1]]) is None:
+            return None
+        ci = reductions[0]
+        info = match_conv2d(sch, blocks[ci])
+        if info is None or extent_of(info.weight_buf.ty.shape[3]) in (None, 1):
+            return None
+        loops = sch.get_loops(blocks[ci])
+        oc, ow = extent(sch, loops[1]), extent(sch, loops[3])
+        if oc is None or ow is None:
+            return None
+        t = choose_conv_tiles(oc, ow, info.out_dtype, host_vector(host), as_target(target), columns_first=True,
+                              pad_columns=True)
+        padded = padded_columns(ow, t.owr)
+        new = None if padded is None else pad_conv_columns(func, sch.get(blocks[ci]).name_hint, padded)
+        if new is None:
+            return None
+        sch = new_schedule(tvm.IRModule({"main": new}))
+        blocks = list(root_blocks(sch))
+        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
+        pool = match_pool(sch, blocks[reductions[1]]) if len(reductions) == 2 else None
+        if pool is None:
+            return None
+        sch.annotate(blocks[reductions[0]], "ascendfuse.column_pad", f"{ow} columns padded to {padded}")
+        try:
+            return self._schedule(sch, blocks, reductions, pool, target, host, ConvOptions(columns=ow))
+        except (s_tir.ScheduleError, tvm.error.TVMError):
+            return None
+
     def schedule(self, sch: s_tir.Schedule, target: AscendTarget, host) -> s_tir.Schedule | None:
         """Schedule ``sch`` in place (a MetaSchedule space passes its own traced schedule); None declines."""
         blocks = list(root_blocks(sch))
@@ -209,6 +249,8 @@ class PoolRule(ScheduleRule):
         buffer); the index of the first block after them, or None when the conv schedule declines."""
         ci, pi = reductions
         out_shape = sch.get(blocks[ci]).writes[0].source.ty.shape
+        if conv_opts.columns is not None:    # a padded row (column_pad.py): the epilogue covers the row's own
+            out_shape = [*out_shape[:3], tirx.IntImm(str(out_shape[3].ty.dtype), conv_opts.columns)]
         end = ci + 1
         while end < pi and tile_local(sch, blocks[end], out_shape):
             end += 1
@@ -330,8 +372,10 @@ class PoolRule(ScheduleRule):
             # the accumulator NCHW[lanes]c over the planes of the result (not the pixel-vector form)
             acc = [extent_of(d) for d in s.get(conv).writes[0].source.ty.shape]
             out = [extent_of(d) for d in s.get(last).writes[0].source.ty.shape]
-            if len(acc) != 5 or len(out) != 4 or acc[4] != lanes or acc[2:4] != out[2:4] \
-                    or None in out or acc[1] * lanes < out[1]:
+            # (a row padded to whole register blocks, column_pad.py: the accumulator holds more columns)
+            width = out[3] if conv_opts.columns is None or len(out) != 4 else conv_opts.columns
+            if len(acc) != 5 or len(out) != 4 or acc[4] != lanes or acc[2] != out[2] or out[3] != width \
+                    or acc[3] is None or acc[3] < out[3] or None in out or acc[1] * lanes < out[1]:
                 return False
             if any(has_reduce(s, b) for b in prologue) or not _reads_only(s, prologue, s.get(last).writes[0].source):
                 return False
