@@ -118,6 +118,18 @@ def pool_tile_candidates(default: tuple[int, int], channels: int, out_rows: int,
     return [default, *others[:MAX_POOL_CANDIDATES - 1]]
 
 
+def _conv_before_pool(func):
+    """(schedule, root blocks, index of the conv, its ConvBlock) of a kernel that is a conv2d and a pool (with
+    injective blocks around them), else None: what the rule's rewrites of the conv start from."""
+    sch = new_schedule(tvm.IRModule({"main": func}))
+    blocks = list(root_blocks(sch))
+    reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
+    if len(reductions) != 2 or match_pool(sch, blocks[reductions[1]]) is None:
+        return None
+    info = match_conv2d(sch, blocks[reductions[0]])
+    return None if info is None else (sch, blocks, reductions[0], info)
+
+
 class PoolRule(ScheduleRule):
     """Pooling over NCHW planes, alone or after a conv2d in the same kernel (see module docstring)."""
 
@@ -140,15 +152,10 @@ class PoolRule(ScheduleRule):
         where that takes fewer vector FMAs (SqueezeNet's classifier: 1000 channels in 125 vectors of 8 lanes
         on AVX-512, 63 of 16 padded), else None. The padded lanes are computed on zero weights; the epilogue
         and the pool read only the first OC channels of the accumulator."""
-        sch = new_schedule(tvm.IRModule({"main": func}))
-        blocks = list(root_blocks(sch))
-        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
-        if len(reductions) != 2 or match_pool(sch, blocks[reductions[1]]) is None:
+        found = _conv_before_pool(func)
+        if found is None:
             return None
-        ci = reductions[0]
-        info = match_conv2d(sch, blocks[ci])
-        if info is None:
-            return None
+        sch, blocks, ci, info = found
         padded_oc = padding_pays(sch, blocks[ci], info, blocks[:ci], host_vector(host), as_target(target))
         if padded_oc is None:
             return None
@@ -179,15 +186,10 @@ class PoolRule(ScheduleRule):
         schedule's block for a kernel wider than one column would leave a tail or be one column wide
         (Inception-v3's 80->192 3x3 conv on 73x73 + max-pool: 71 columns, 4 vectors x 1 column on AVX2), else
         None. The padded columns are computed and never read: the epilogue and the pool read the row's own."""
-        sch = new_schedule(tvm.IRModule({"main": func}))
-        blocks = list(root_blocks(sch))
-        reductions = [i for i, b in enumerate(blocks) if has_reduce(sch, b)]
-        if len(reductions) != 2 or match_pool(sch, blocks[reductions[1]]) is None:
+        found = _conv_before_pool(func)
+        if found is None or extent_of(found[3].weight_buf.ty.shape[3]) in (None, 1):
             return None
-        ci = reductions[0]
-        info = match_conv2d(sch, blocks[ci])
-        if info is None or extent_of(info.weight_buf.ty.shape[3]) in (None, 1):
-            return None
+        sch, blocks, ci, info = found
         loops = sch.get_loops(blocks[ci])
         oc, ow = extent(sch, loops[1]), extent(sch, loops[3])
         if oc is None or ow is None:
