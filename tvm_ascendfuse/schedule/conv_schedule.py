@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.s_tir import ScheduleError
 
 from ..ir import dtype_bytes
@@ -577,7 +577,8 @@ def schedule_conv2d(sch, blocks, ci, info: ConvBlock, target, hv: HostVector, op
     try_(sch.unroll, il[-2])
     try_(sch.unroll, il[-3])
     rows_note = f" row_blocks={blocks_of_rows}" if chosen.row_blocks != default.row_blocks else ""
-    sch.annotate(conv, NOTE, f"{'packed ' if packed else ''}{t}{rows_note}{lane_note}")
+    pad_note = f", {opts.columns} columns padded to {ow}" if opts.columns is not None else ""
+    sch.annotate(conv, NOTE, f"{'packed ' if packed else ''}{t}{rows_note}{lane_note}{pad_note}")
     return sch
 
 
@@ -613,14 +614,6 @@ def _pad_columns(sch, blocks, ci, tiles: ConvTiles, target, hv: HostVector, opts
         return None
     if done is None or unwritten_output(done.mod["main"]) is not None:
         return None
-    noted = []
-    tvm_ffi.structural_walk(done.mod["main"].body, (s_tir.SBlock, lambda b: noted.append(b.name_hint)
-                                                    if NOTE in b.annotations else None))
-    for n in noted:
-        b = done.get_sblock(n)
-        note = f"{done.get(b).annotations[NOTE]}, {width} columns padded to {padded_columns(width, tiles.owr)}"
-        done.unannotate(b, NOTE)       # (annotate keeps a key's first value)
-        done.annotate(b, NOTE, note)
     return done
 
 

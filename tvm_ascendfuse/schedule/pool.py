@@ -139,22 +139,18 @@ class PoolRule(ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: AscendTarget, host) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc):
             return None
-        padded = self._with_padded_conv(func, target, host)
-        if padded is not None:
-            return padded
-        padded = self._with_padded_columns(func, target, host)
+        found = _conv_before_pool(func)
+        padded = None if found is None else \
+            self._with_padded_conv(func, found, target, host) or self._with_padded_columns(func, found, target, host)
         if padded is not None:
             return padded
         return self.schedule(new_schedule(tvm.IRModule({"main": func})), target, host)
 
-    def _with_padded_conv(self, func, target, host) -> s_tir.Schedule | None:
+    def _with_padded_conv(self, func, found, target, host) -> s_tir.Schedule | None:
         """The kernel with its conv's output channels padded to the host's full vector (``channel_pad.py``)
         where that takes fewer vector FMAs (SqueezeNet's classifier: 1000 channels in 125 vectors of 8 lanes
         on AVX-512, 63 of 16 padded), else None. The padded lanes are computed on zero weights; the epilogue
-        and the pool read only the first OC channels of the accumulator."""
-        found = _conv_before_pool(func)
-        if found is None:
-            return None
+        and the pool read only the first OC channels of the accumulator. ``found``: ``_conv_before_pool``."""
         sch, blocks, ci, info = found
         padded_oc = padding_pays(sch, blocks[ci], info, blocks[:ci], host_vector(host), as_target(target))
         if padded_oc is None:
@@ -181,15 +177,14 @@ class PoolRule(ScheduleRule):
         pack_padded_weight(sch, padded, info.weight_buf, chosen[0].tiles.ocb)
         return sch
 
-    def _with_padded_columns(self, func, target, host) -> s_tir.Schedule | None:
+    def _with_padded_columns(self, func, found, target, host) -> s_tir.Schedule | None:
         """The kernel with its conv's rows padded to whole register blocks (``column_pad.py``) where the conv
         schedule's block for a kernel wider than one column would leave a tail or be one column wide
         (Inception-v3's 80->192 3x3 conv on 73x73 + max-pool: 71 columns, 4 vectors x 1 column on AVX2), else
         None. The padded columns are computed and never read: the epilogue and the pool read the row's own."""
-        found = _conv_before_pool(func)
-        if found is None or extent_of(found[3].weight_buf.ty.shape[3]) in (None, 1):
-            return None
         sch, blocks, ci, info = found
+        if extent_of(info.weight_buf.ty.shape[3]) in (None, 1):
+            return None
         loops = sch.get_loops(blocks[ci])
         oc, ow = extent(sch, loops[1]), extent(sch, loops[3])
         if oc is None or ow is None:
@@ -374,10 +369,11 @@ class PoolRule(ScheduleRule):
             # the accumulator NCHW[lanes]c over the planes of the result (not the pixel-vector form)
             acc = [extent_of(d) for d in s.get(conv).writes[0].source.ty.shape]
             out = [extent_of(d) for d in s.get(last).writes[0].source.ty.shape]
-            # (a row padded to whole register blocks, column_pad.py: the accumulator holds more columns)
-            width = out[3] if conv_opts.columns is None or len(out) != 4 else conv_opts.columns
-            if len(acc) != 5 or len(out) != 4 or acc[4] != lanes or acc[2] != out[2] or out[3] != width \
-                    or acc[3] is None or acc[3] < out[3] or None in out or acc[1] * lanes < out[1]:
+            if len(acc) != 5 or len(out) != 4 or acc[4] != lanes or acc[2] != out[2] or None in out \
+                    or acc[1] * lanes < out[1]:
+                return False
+            # the accumulator's columns are the row's, or more where the row was padded (column_pad.py)
+            if acc[3] != out[3] and not (conv_opts.columns == out[3] and acc[3] is not None and acc[3] > out[3]):
                 return False
             if any(has_reduce(s, b) for b in prologue) or not _reads_only(s, prologue, s.get(last).writes[0].source):
                 return False
