@@ -38,29 +38,38 @@ define <16 x float> @{WRAPPER}(<16 x float> %c, ptr %a, <16 x i32> %b) {{
 """
 
 
-@T.prim_func(s_tir=True)
-def _desc(A: T.Buffer((2,), "bfloat16", offset_factor=1), B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
-          C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:2], B[0:16, 0:2])
-        T.writes(C[0:16])
-        for i in T.serial(0, 16):
-            for k in T.serial(0, 2):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.cast(A[vk], "float32") * T.cast(B[vi, vk], "float32")
+def dot_16x2_bf16() -> str:
+    """The intrinsic's name, registered in this process on first use (its TVMScript took about a second of
+    every import of the package)."""
+    try:
+        TensorIntrin.get(DOT_16x2_BF16)
+    except ValueError:
+        TensorIntrin.register(DOT_16x2_BF16, *_desc_and_impl())
+    return DOT_16x2_BF16
 
 
-@T.prim_func(s_tir=True)
-def _impl(A: T.Buffer((2,), "bfloat16", offset_factor=1), B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
-          C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:2], B[0:16, 0:2])
-        T.writes(C[0:16])
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
-            "float32x16", WRAPPER, C.vload([0], dtype="float32x16"),
-            T.tvm_access_ptr(T.type_annotation("uint16"), A.data, A.elem_offset, 2, 1),
-            T.reinterpret(B.vload([0, 0], dtype="bfloat16x32"), dtype="int32x16"))
+def _desc_and_impl():
+    @T.prim_func(s_tir=True)
+    def _desc(A: T.Buffer((2,), "bfloat16", offset_factor=1), B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
+              C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "float32") * T.cast(B[vi, vk], "float32")
 
+    @T.prim_func(s_tir=True)
+    def _impl(A: T.Buffer((2,), "bfloat16", offset_factor=1), B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
+              C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+                "float32x16", WRAPPER, C.vload([0], dtype="float32x16"),
+                T.tvm_access_ptr(T.type_annotation("uint16"), A.data, A.elem_offset, 2, 1),
+                T.reinterpret(B.vload([0, 0], dtype="bfloat16x32"), dtype="int32x16"))
 
-TensorIntrin.register(DOT_16x2_BF16, _desc, _impl, override=True)
+    return _desc, _impl

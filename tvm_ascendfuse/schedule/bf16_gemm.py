@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 from ..kinds import LOAD, GemmBlock, accumulating_store, strip_cast
 from ..precision.on_chip import on_chip_float
 from .analysis import match_gemm
-from .bf16_dot import DEPTH, DOT_16x2_BF16, IMPORT_ANNOTATION, LANES, LLVM_WRAPPER
+from .bf16_dot import DEPTH, IMPORT_ANNOTATION, LANES, LLVM_WRAPPER, dot_16x2_bf16
 from .common import extent, ok
 from .dot_gemm import pair_packing, split_dot_tile
 from .hostvec import bf16_dot_pays, host_vector
@@ -164,7 +164,7 @@ def bf16_gemm_stage(sch: s_tir.Schedule, gemm, info, host):
     sch.reverse_compute_at(acc, outer)
     init = sch.decompose_reduction(gemm, ko)
     sch.vectorize(sch.get_loops(init)[-1])
-    sch.tensorize(ni, DOT_16x2_BF16)
+    sch.tensorize(ni, dot_16x2_bf16())
     sch.unroll(mi)
     sch.unroll(nvo)
     # the LLVM wrapper the intrinsic calls, imported once for the kernel (lowered to an AttrStmt)

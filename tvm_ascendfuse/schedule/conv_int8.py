@@ -32,7 +32,7 @@ from .analysis import has_reduce, match_conv2d
 from .base import UB_SCOPE, ScheduleRule
 from .common import new_schedule, extent, ok, root_blocks
 from .hostvec import has_int8_dot, host_vector
-from .int8_dot import DEPTH, DOT_16x4_U8S8, LANES, register_tile
+from .int8_dot import DEPTH, LANES, dot_16x4_u8s8, register_tile
 from .layout import mark_prepack, packable_param
 from .transpose import STAGE_DTYPES, transpose_to_nchw
 
@@ -113,7 +113,7 @@ class Int8Conv2dRule(ScheduleRule):
         sch.transform_layout(conv, ("write", 0), lambda n_, f_, y_, x_: [n_, y_, x_, f_])
         init = sch.decompose_reduction(conv, co)
         sch.vectorize(sch.get_loops(init)[-1])
-        sch.tensorize(fi, DOT_16x4_U8S8)
+        sch.tensorize(fi, dot_16x4_u8s8())
         sch.unroll(xi)
         sch.unroll(nvo)
         if not epilogue:

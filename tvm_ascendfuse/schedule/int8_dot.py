@@ -43,43 +43,51 @@ def _byte_operands() -> bool:
         return True
 
 
-@T.prim_func(s_tir=True)
-def _desc(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
-          C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        for i in T.serial(0, 16):
-            for k in T.serial(0, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+def dot_16x4_u8s8() -> str:
+    """The intrinsic's name, registered in this process on first use (its TVMScript took about a second of
+    every import of the package, the CLI's and each tuning worker's included)."""
+    try:
+        TensorIntrin.get(DOT_16x4_U8S8)
+    except ValueError:
+        TensorIntrin.register(DOT_16x4_U8S8, *_desc_and_impl())
+    return DOT_16x4_U8S8
 
 
-@T.prim_func(s_tir=True)
-def _impl_bytes(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
-                C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype="int32x16"),
-            T.reinterpret(T.broadcast(a4, 16), dtype="int8x64"), B.vload([0, 0], dtype="int8x64"),
-            dtype="int32x16")
+def _desc_and_impl():
+    @T.prim_func(s_tir=True)
+    def _desc(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
+              C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
+    @T.prim_func(s_tir=True)
+    def _impl_bytes(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
+                    C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype="int32x16"),
+                T.reinterpret(T.broadcast(a4, 16), dtype="int8x64"), B.vload([0, 0], dtype="int8x64"),
+                dtype="int32x16")
 
-@T.prim_func(s_tir=True)
-def _impl_words(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
-                C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-        T.writes(C[0:16])
-        a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype="int32x16"),
-            T.broadcast(a4, 16), T.reinterpret(B.vload([0, 0], dtype="int8x64"), dtype="int32x16"),
-            dtype="int32x16")
+    @T.prim_func(s_tir=True)
+    def _impl_words(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
+                    C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            a4 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype="int32x16"),
+                T.broadcast(a4, 16), T.reinterpret(B.vload([0, 0], dtype="int8x64"), dtype="int32x16"),
+                dtype="int32x16")
 
-
-TensorIntrin.register(DOT_16x4_U8S8, _desc, _impl_bytes if _byte_operands() else _impl_words, override=True)
+    return _desc, _impl_bytes if _byte_operands() else _impl_words

@@ -23,7 +23,7 @@ from .base import ScheduleRule
 from .common import new_schedule, extent, ok, root_blocks
 from .dot_gemm import dot_gemm_operands, pair_packing, split_dot_tile
 from .hostvec import has_int8_dot, host_vector
-from .int8_dot import DEPTH, DOT_16x4_U8S8, LANES, register_tile
+from .int8_dot import DEPTH, LANES, dot_16x4_u8s8, register_tile
 from .layout import mark_prepack, packable_param
 
 
@@ -97,7 +97,7 @@ class Int8MatmulRule(ScheduleRule):
         init = sch.decompose_reduction(gemm, ko)
         sch.vectorize(sch.get_loops(init)[-1])
         if vnni:
-            sch.tensorize(ni, DOT_16x4_U8S8)
+            sch.tensorize(ni, dot_16x4_u8s8())
         sch.unroll(mi)
         sch.unroll(nvo)
         if epilogue is not None:

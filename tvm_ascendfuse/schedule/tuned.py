@@ -139,13 +139,20 @@ def open_database(folder: str | os.PathLike, allow_missing: bool = False):
 
 def register_intrinsics(records: Path) -> None:
     """Register the tensor intrinsics the records' traces name (the conv's register transposes, output and
-    input side): the rules register them on first use, but reading a database parses every trace, and a
-    ``tensorize`` of an intrinsic this process has not registered yet fails the whole database."""
+    input side; the int8 and bf16 dot products): the rules register them on first use, but reading a
+    database parses every trace, and a ``tensorize`` of an intrinsic this process has not registered yet
+    fails the whole database."""
+    from .bf16_dot import DOT_16x2_BF16, dot_16x2_bf16
+    from .int8_dot import DOT_16x4_U8S8, dot_16x4_u8s8
     from .transpose import INTRIN_NAME, register_named
 
     if records.is_file():
-        for name in set(INTRIN_NAME.findall(records.read_text())):
+        text = records.read_text()
+        for name in set(INTRIN_NAME.findall(text)):
             register_named(name)
+        for name, register in ((DOT_16x4_U8S8, dot_16x4_u8s8), (DOT_16x2_BF16, dot_16x2_bf16)):
+            if name in text:
+                register()
 
 
 class TunedRecordRule(ScheduleRule):

@@ -1,7 +1,8 @@
 """Building and timing candidates: MetaSchedule's builder and runners, on this machine or through TVM's RPC
 tracker.
 
-Builds are always local (``LocalBuilder``, one worker per core). Runs go to MetaSchedule's ``LocalRunner``,
+Builds are always local, in worker processes kept across calls (``CandidateBuilds``, one per core). Runs go to
+MetaSchedule's ``LocalRunner``,
 or with an ``RPCSpec`` to its ``RPCRunner``: every measurement asks the tracker for a free server under the
 key, so as many candidates run at once as servers are registered. A server that dies mid-run costs only the
 candidate it was running (MetaSchedule reports it as a failed run); the tracker drops the server and the
@@ -77,7 +78,7 @@ def last_line(error) -> str:
 
 
 class Measure:
-    """Build candidates with MetaSchedule's LocalBuilder and time them with its runner (local or RPC).
+    """Build candidates in ``CandidateBuilds`` and time them with MetaSchedule's runner (local or RPC).
 
     ``__call__(mods_args, rounds, serial)`` -> ``(fastest seconds or None, error)`` per (module, args_info):
     ``rounds`` interleaved runs of all of them. ``serial=True`` runs one candidate at a time (the side-by-side
@@ -90,8 +91,7 @@ class Measure:
         self.cores = max(1, cores or os.cpu_count() or 1)
         self.evaluator = ms.runner.EvaluatorConfig(number=1, repeat=repeats, min_repeat_ms=20,
                                                    enable_cpu_cache_flush=False)
-        self.builder = ms.builder.LocalBuilder(max_workers=self.cores, f_build=build_candidate,
-                                               f_export=export_candidate, timeout_sec=300)
+        self.builder = CandidateBuilds(self.cores)
         self.workers = count_servers(rpc) if rpc is not None else 1
         self.runner = self._runner(self.workers)
         self._serial = self.runner if self.workers == 1 else None
@@ -109,11 +109,11 @@ class Measure:
         if serial and self._serial is None:
             self._serial = self._runner(1)
         runner = self._serial if serial else self.runner
-        built = self.builder.build([ms.builder.BuilderInput(mod, self.host) for mod, _ in mods_args])
-        errors = [b.error_msg for b in built]
+        built = self.builder.build([mod for mod, _ in mods_args], self.host)
+        errors = [err for _, err in built]
         best: list[float | None] = [None] * len(built)
-        todo = [(j, ms.runner.RunnerInput(b.artifact_path, "cpu", args))
-                for j, (b, (_, args)) in enumerate(zip(built, mods_args)) if b.error_msg is None]
+        todo = [(j, ms.runner.RunnerInput(path, "cpu", args))
+                for j, ((path, err), (_, args)) in enumerate(zip(built, mods_args)) if err is None]
         try:
             for _ in range(rounds):
                 for (j, _), future in zip(todo, runner.run([inp for _, inp in todo])):
@@ -125,22 +125,62 @@ class Measure:
                     fastest = min(float(x) for x in r.run_secs)
                     best[j] = fastest if best[j] is None else min(best[j], fastest)
         finally:
-            for b in built:
-                if b.artifact_path:
-                    shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
+            for path, _ in built:
+                if path:
+                    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         # a candidate that failed in any round counts as failed: its other rounds may be the lucky ones
         return [(None if err is not None else t, err) for t, err in zip(best, errors)]
 
     def close(self) -> None:
         """Stop the builder's and runners' worker processes (they would otherwise live until collected)."""
+        self.builder.close()
         for obj in {id(o): o for o in (self.runner, self._serial) if o is not None}.values():
             pool = getattr(obj, "pool", None)
             if pool is not None:
                 pool.shutdown(wait=False)
 
 
-def build_candidate(mod: tvm.IRModule, target, _params=None):
-    """Build one measured candidate in MetaSchedule's builder worker.
+class CandidateBuilds:
+    """Candidates built (``build_candidate``) and exported (``export_candidate``) in ``workers`` processes that
+    live across calls. MetaSchedule's ``LocalBuilder`` starts a fresh pool for every call, against a memory
+    leak of long-lived workers, and each of its workers imports TVM and this package before it builds: about
+    9 s on a 2-core Zen 3 for every batch, several times a tuned kernel's builds. Here a worker is replaced
+    after ``RECYCLE_AFTER`` builds (bounding that leak), after a timeout and after a crash (an LLVM abort
+    costs only its candidate)."""
+
+    RECYCLE_AFTER = 64
+    TIMEOUT_SEC = 300
+
+    def __init__(self, workers: int):
+        from tvm.support.popen_pool import PopenPoolExecutor
+
+        self.pool = PopenPoolExecutor(max_workers=workers, timeout=self.TIMEOUT_SEC,
+                                      maximum_process_uses=self.RECYCLE_AFTER)
+
+    def build(self, mods, target) -> list[tuple[str | None, str | None]]:
+        """``(artifact path, None)`` or ``(None, error)`` per module, in order."""
+        from tvm.support.popen_pool import StatusKind
+
+        out = []
+        for r in self.pool.map_with_error_catching(lambda mod: _build_in_worker(mod, target), list(mods)):
+            if r.status == StatusKind.COMPLETE:
+                out.append((r.value, None))
+            elif r.status == StatusKind.TIMEOUT:
+                out.append((None, f"build timed out after {self.TIMEOUT_SEC} s"))
+            else:
+                out.append((None, f"build failed: {r.value}"))
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def _build_in_worker(mod: tvm.IRModule, target) -> str:
+    return export_candidate(build_candidate(mod, target))
+
+
+def build_candidate(mod: tvm.IRModule, target):
+    """Build one measured candidate in a builder worker.
 
     As MetaSchedule's default build (the weight-packing block removed: the kernel is timed on the packed
     weight, which the pipeline packs once at compile time), but with the rewrites no trace records made as
