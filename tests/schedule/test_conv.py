@@ -529,6 +529,26 @@ def test_other_pointwise_convs_keep_channel_vectors(build, shapes):
     check_rule(Conv2dRule(), func, host=NATIVE)
 
 
+@pytest.mark.parametrize("ic,oc,h,w,residual,block", [
+    (16, 96, 32, 32, False, "4 channels x 2"),      # an expansion on a plane of 32x32
+    (24, 58, 56, 56, True, "2 channels x 4"),       # 58 channels: 4 do not divide them
+    (32, 24, 28, 28, False, None),                  # 28x28: under PIXEL_MIN_PLANE, channel vectors
+], ids=["expansion", "58_channels", "28x28"])
+def test_pointwise_on_pixel_vectors_with_sixteen_registers(ic, oc, h, w, residual, block):
+    """On AVX2 (8 accumulators) no pixel-vector block reaches one load per two FMAs: the conv takes the fewest
+    loads its accumulators allow (6 per 8 FMAs), 4 channels x 2 vectors, or 2 x 4 where 4 do not divide the
+    channels; planes under PIXEL_MIN_PLANE pixels keep the channel vectors. Numbers of the AVX2 build equal
+    the unscheduled kernel's (any AVX-512 host runs it too)."""
+    shapes = [(1, ic, h, w), (oc, ic, 1, 1), (1, oc, 1, 1)] + ([(1, oc, h, w)] if residual else [])
+    func = fused_kernel(_narrow_pointwise("relu6", residual), shapes).with_attr("layout_free_buffers", [1])
+    script = Conv2dRule().apply(func, NPU, AVX2).mod.script()
+    if block is None:
+        assert "pixel vectors" not in script
+    else:
+        assert f"pixel vectors: {block} x 8 pixels" in script
+    check_rule(Conv2dRule(), func, host=AVX2)
+
+
 # MobileViT's unfold after a 1x1 conv: (1, C, H, W) -> (C * H/2, 2, W/2, 2) -> 2x2 patches as rows of pixels
 # (1, C, H, W) -> (2, 2, H/2, W/2, C). A tile of 7 image rows is no box of (patch row, row in patch); a tile
 # of channels is, but TVM's region analysis swept one patch column of it only.

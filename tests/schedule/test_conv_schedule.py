@@ -52,15 +52,17 @@ def test_channels_not_a_multiple_of_the_vector_fill_the_register_block():
 def test_pointwise_register_block_is_one_vector_by_half_the_accumulators():
     """A 1x1 conv outside the small-plane path: one full vector of output channels x half the accumulator
     count of columns (the largest divisor of OW up to it, when at least half of it; else the whole row when
-    it is short enough: no column tail), from the host's registers; narrower vectors (OC a multiple of 8, not 16) keep the default block."""
+    it is short enough: no column tail), from the host's registers; narrower vectors (OC a multiple of 8, not 16)
+    and hosts of 16 vector registers keep the default block."""
     npu = get_target("ascend910b")
     avx512, avx2 = HostVector(512, 32, 2), HostVector(256, 16, 2)
     for oc, ow, owr in ((96, 112, 8), (144, 56, 8), (16, 112, 8), (64, 28, 7), (32, 60, 6), (48, 5, 5),
                         (256, 13, 13)):
         t = choose_conv_tiles(oc, ow, "float32", avx512, npu, pointwise=True)
         assert (t.vl, t.ocr, t.owr) == (16, 1, owr), (oc, ow)
+    # 8 ymm accumulators: one vector x 4 columns would hold four FMAs in flight; the default two vectors
     t = choose_conv_tiles(64, 56, "float32", avx2, npu, pointwise=True)
-    assert (t.vl, t.ocr, t.owr) == (8, 1, 4)                  # 8 ymm accumulators: 4 columns
+    assert t == choose_conv_tiles(64, 56, "float32", avx2, npu) and (t.vl, t.ocr, t.owr) == (8, 2, 4)
     for oc in (24, 40, 72):          # 8-lane vectors: the default register block
         assert choose_conv_tiles(oc, 56, "float32", avx512, npu, pointwise=True) == \
             choose_conv_tiles(oc, 56, "float32", avx512, npu)

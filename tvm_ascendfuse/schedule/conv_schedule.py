@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from fractions import Fraction
 
 import tvm
 import tvm_ffi
@@ -69,6 +70,9 @@ STAGE_MIN_ROWS_PER_CORE = 4
 # pixel blocks per core a pointwise conv on pixel vectors needs (_pixel_vector_plan): fewer leave a core idle
 # at the end of the parallel loop, and the plane is small enough for the channel chunks
 PIXEL_TASKS_PER_CORE = 4
+# pixels of the smallest plane a pointwise conv runs on pixel vectors over (_pixel_vector_plan): smaller ones
+# keep the channel-vector path, whose channel chunks reuse weights across the plane
+PIXEL_MIN_PLANE = 32 * 32
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,9 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
     the tile of the store transpose, which 1 x 14 and 1 x 16 miss). Measured on this host (one core,
     interleaved A/B) 15-40% faster than 2 x 8, 1 x 14 or 1 x 16 for 16..64 input channels on 56x56 and
     112x112 planes (MobileNet/EfficientNet expansions, ResNet-50 stage 1), ~5% for 256 channels, neutral
-    for strided ones; narrower vectors (24, 40 channels: no store transpose) keep the default, and so do
+    for strided ones. A host with fewer accumulators keeps the default: on 16 registers 1 x 4 holds four
+    FMAs in flight, and measured 1.10 ms where 2 x 4 took 0.83 (64 -> 256 on 56x56, 2-core Zen 3, ORT 0.79).
+    Narrower vectors (24, 40 channels: no store transpose) keep the default, and so do
     convs of at least ``POINTWISE_TWO_VECTOR_IC`` input channels (``ic``) on rows that block does not
     divide (14, 19, 38 wide on AVX-512: a narrower divisor such as 1 x 7, or a column tail, and no whole
     store transposes; the long reduction makes FMAs per load count): Xception's 728->728 (padded to 736)
@@ -170,8 +176,8 @@ def choose_conv_tiles(oc: int, ow: int, dtype: str, hv: HostVector, target: Asce
         # channels two full vectors would, each broadcast input pixel then feeds as many lanes
         counts = (max(r for r in range(1, 2 * lanes // vl + 1) if oc % (r * vl) == 0), 1)
     cands = [(ocr, columns(ocr)) for ocr in dict.fromkeys(counts) if oc >= ocr * vl and oc % (ocr * vl) == 0]
-    if pointwise and vl == lanes and ow >= acc // 2 and (ow % (acc // 2) == 0 or ic is None
-                                                        or ic < POINTWISE_TWO_VECTOR_IC):
+    if pointwise and vl == lanes and acc // 2 >= IN_TRANSPOSE_COLS and ow >= acc // 2 and (
+            ow % (acc // 2) == 0 or ic is None or ic < POINTWISE_TWO_VECTOR_IC):
         ocr, owr = 1, columns(1, max(1, acc // 2))
     elif columns_first:
         ocr, owr = max(cands, key=lambda c: (c[1] * 2 >= acc, c[0] * c[1], c[0]))
@@ -638,9 +644,16 @@ def _pixel_vector_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_d
     staged path scaled worse still (MobileNetV2's 144 -> 24 projection 2.7x faster in its model profile).
     The register block: ocr channels x pv vectors, the most accumulators (``hv.accumulators``) with ocr
     dividing OC and pv vectors dividing the plane, at most one load (a pixel vector or a broadcast weight)
-    per two FMAs, the more balanced one on a tie, and at least PIXEL_TASKS_PER_CORE pixel blocks per core. Other
-    planes (7x7, 14x14, 28x28: 49 or 12.25 vectors; small ones) keep the channel-vector path and its channel
-    chunks, which reuse a chunk of weights across the whole plane. Applies where the conv reads an input of
+    per two FMAs, the more balanced one on a tie, then more channels, and at least PIXEL_TASKS_PER_CORE pixel
+    blocks per core. A host whose accumulators no block reaches that ratio with (16 registers: 8
+    accumulators, 6 loads per 8 FMAs at best) takes the fewest loads its accumulators allow: 4 channels x 2
+    vectors on AVX2. Measured on a 2-core Zen 3 (conv + bias + ReLU, own processes) against the channel
+    vectors' 1 x 4 block: 144 -> 24 on 56x56 0.28 -> 0.13-0.15 ms (ORT 0.18), 24 -> 144 0.29 -> 0.13-0.17
+    (ORT 0.24), 16 -> 96 on 112x112 0.51 -> 0.28 (ORT 0.43), 256 -> 64 on 56x56 1.31 -> 0.60-0.67 (ORT 0.79).
+    Other planes (7x7, 14x14; 28x28 and any other plane under ``PIXEL_MIN_PLANE`` pixels) keep the
+    channel-vector path and its channel chunks, which reuse a chunk of weights across the whole plane (28x28
+    on pixel vectors measured the same or up to 12% slower on that Zen 3). Applies where the conv reads an
+    input of
     the function itself (a prologue like a BN + ReLU is
     applied once per element in the staged input instead; an SE gate reaches the conv on its weight,
     ``gated_weight.py``) and no tuner chooses the register block."""
@@ -655,13 +668,20 @@ def _pixel_vector_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_d
     if pro and not (_is_plain_copy(sch, pro[0]) and _reads_param(sch, pro[0])):
         return None
     hw = oh * ow
+    if hw < PIXEL_MIN_PLANE:
+        return None
+    acc = hv.accumulators
+    # loads per FMA of the block: (ocr + pv) / (ocr * pv); the bound is 1/2, or the least any block of the
+    # accumulators reaches where that is more
+    least = min(Fraction(a + b, a * b) for a in range(1, acc + 1) for b in range(1, acc // a + 1))
+    bound = max(Fraction(1, 2), least)
     best = None
-    for pv in range(1, hv.accumulators + 1):
+    for pv in range(1, acc + 1):
         if hw % (pv * lanes):
             continue
-        for ocr in range(1, hv.accumulators // pv + 1):
-            if oc % ocr == 0 and 2 * (ocr + pv) <= ocr * pv:
-                key = (ocr * pv, min(ocr, pv))
+        for ocr in range(1, acc // pv + 1):
+            if oc % ocr == 0 and Fraction(ocr + pv, ocr * pv) <= bound:
+                key = (ocr * pv, min(ocr, pv), ocr)
                 if hw // (pv * lanes) >= PIXEL_TASKS_PER_CORE * max(1, hv.cores) and (
                         best is None or key > best[0]):
                     best = (key, ocr, pv)
