@@ -158,3 +158,34 @@ def test_the_database_is_opened_only_for_a_kernel_it_holds(tmp_path, untuned):
     seen = relax.transform.AttachAttrLayoutFreeBuffers()(first.fused_module)
     (func,) = [f for f in seen.functions.values() if isinstance(f, tirx.PrimFunc)]
     assert db.has_workload(workload_module(use_fast_math(normalize_scope_aliases(func)))) and db._db is not None
+
+
+def test_records_naming_the_dot_intrinsics_register_them_in_a_fresh_process(tmp_path):
+    """The int8 and bf16 dot products are registered on first use, not at import: a database whose traces
+    tensorize with them registers them before its traces are parsed (else the whole database fails)."""
+    import subprocess
+    import sys
+
+    from tvm_ascendfuse.schedule.bf16_dot import DOT_16x2_BF16
+    from tvm_ascendfuse.schedule.int8_dot import DOT_16x4_U8S8
+
+    records = tmp_path / "records.json"
+    records.write_text(f'["Tensorize", "{DOT_16x4_U8S8}"]\n["Tensorize", "{DOT_16x2_BF16}"]\n')
+    code = f"""
+from pathlib import Path
+from tvm.s_tir import TensorIntrin
+import tvm_ascendfuse
+from tvm_ascendfuse.schedule.tuned import register_intrinsics
+names = {[DOT_16x4_U8S8, DOT_16x2_BF16]!r}
+def known(n):
+    try:
+        TensorIntrin.get(n)
+        return True
+    except ValueError:
+        return False
+before = [known(n) for n in names]
+register_intrinsics(Path({str(records)!r}))
+print(before, [known(n) for n in names])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[False, False] [True, True]", out

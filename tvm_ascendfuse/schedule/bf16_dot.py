@@ -15,8 +15,9 @@ kernel's bf16 copy of A to float32, ``BF16ComputeLegalize``), so no conversion r
 
 from __future__ import annotations
 
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
+
+from .common import register_intrin_once
 
 DOT_16x2_BF16 = "ascendfuse_dot_16x2_bf16"
 LANES = 16          # float32 lanes of one 512-bit accumulator
@@ -41,11 +42,7 @@ define <16 x float> @{WRAPPER}(<16 x float> %c, ptr %a, <16 x i32> %b) {{
 def dot_16x2_bf16() -> str:
     """The intrinsic's name, registered in this process on first use (its TVMScript took about a second of
     every import of the package)."""
-    try:
-        TensorIntrin.get(DOT_16x2_BF16)
-    except ValueError:
-        TensorIntrin.register(DOT_16x2_BF16, *_desc_and_impl())
-    return DOT_16x2_BF16
+    return register_intrin_once(DOT_16x2_BF16, _desc_and_impl)
 
 
 def _desc_and_impl():

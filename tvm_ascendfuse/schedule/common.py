@@ -417,3 +417,14 @@ def substitute_vars(expr, pairs):
         return next((e for x, e in pairs if v.same_as(x)), v)
 
     return tvm_ffi.structural_map(expr, (tvm.ir.Var, on_var))
+
+
+def register_intrin_once(name: str, make) -> str:
+    """Register tensor intrinsic ``name`` from ``make() -> (desc, impl)`` unless this process already has it;
+    returns the name. The rules register theirs on first use: parsing them at import cost every process
+    (the CLI, each test and tuning worker) about a second per intrinsic module."""
+    try:
+        s_tir.TensorIntrin.get(name)
+    except ValueError:      # not registered yet
+        s_tir.TensorIntrin.register(name, *make())
+    return name

@@ -11,8 +11,9 @@ was built with.
 from __future__ import annotations
 
 import tvm
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
+
+from .common import register_intrin_once
 
 DOT_16x4_U8S8 = "ascendfuse_dot_16x4_u8s8_vnni"
 LANES = 16          # int32 lanes of one 512-bit accumulator
@@ -46,11 +47,7 @@ def _byte_operands() -> bool:
 def dot_16x4_u8s8() -> str:
     """The intrinsic's name, registered in this process on first use (its TVMScript took about a second of
     every import of the package, the CLI's and each tuning worker's included)."""
-    try:
-        TensorIntrin.get(DOT_16x4_U8S8)
-    except ValueError:
-        TensorIntrin.register(DOT_16x4_U8S8, *_desc_and_impl())
-    return DOT_16x4_U8S8
+    return register_intrin_once(DOT_16x4_U8S8, _desc_and_impl)
 
 
 def _desc_and_impl():

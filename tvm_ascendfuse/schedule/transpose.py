@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 
 import tvm
-from tvm.s_tir import ScheduleError, TensorIntrin
+from tvm.s_tir import ScheduleError
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
-from .common import predicated, substitute_vars
+from .common import predicated, register_intrin_once, substitute_vars
 
 ROWS, LANES = 8, 16        # columns x channels of the tile: AVX-512 fp32 with 8 output columns
 
@@ -69,11 +69,7 @@ def _unpack_pd(lanes: int, j: int) -> list[int]:
 
 def _register_once(name: str, build) -> str:
     """Register intrinsic ``name`` from ``build(impl: bool)`` unless this process already has it."""
-    try:
-        TensorIntrin.get(name)
-    except ValueError:      # not registered yet
-        TensorIntrin.register(name, build(False), build(True))
-    return name
+    return register_intrin_once(name, lambda: (build(False), build(True)))
 
 
 def _apply_on_copy_first(sch, apply) -> bool:
