@@ -653,10 +653,9 @@ def _pixel_vector_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_d
     Other planes (7x7, 14x14; 28x28 and any other plane under ``PIXEL_MIN_PLANE`` pixels) keep the
     channel-vector path and its channel chunks, which reuse a chunk of weights across the whole plane (28x28
     on pixel vectors measured the same or up to 12% slower on that Zen 3). Applies where the conv reads an
-    input of
-    the function itself (a prologue like a BN + ReLU is
-    applied once per element in the staged input instead; an SE gate reaches the conv on its weight,
-    ``gated_weight.py``) and no tuner chooses the register block."""
+    input of the function itself (a prologue like a BN + ReLU is applied once per element in the staged
+    input instead; an SE gate reaches the conv on its weight, ``gated_weight.py``) and no tuner chooses the
+    register block."""
     oc, oh, ow = out_dims
     if not opts.pixel_vectors or opts.tiles is not None or None in (oc, oh, ow):
         return None
