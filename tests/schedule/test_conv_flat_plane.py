@@ -74,6 +74,17 @@ def test_portable_host_is_exact():
     check_rule(Conv2dRule(), fused_kernel(_conv(3), [xs, ws, (1, 32, 1, 1)]), host=HOST)
 
 
+@pytest.mark.parametrize("xs,ws", [((1, 256, 7, 7), (32, 256, 1, 1)), ((1, 64, 14, 14), (48, 64, 1, 1))])
+def test_sixteen_register_host_is_exact(xs, ws):
+    """AVX2's flat planes: 2 x 6 over a 7x7 plane in 128-channel chunks of the reduction, 3 x 4 over 14x14
+    (the leftover pixel loop and the chunks' accumulator reloads checked)."""
+    func = fused_kernel(_conv(), [xs, ws, (1, ws[0], 1, 1)])
+    avx2 = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "haswell"})
+    mod = check_rule(Conv2dRule(), func, host=avx2)
+    assert ("flat plane: 2 x 8 channels x 6 pixels + 1, 128-channel chunks" if xs[1] == 256
+            else "flat plane: 3 x 8 channels x 4 pixels") in _note(mod)
+
+
 def _plan(xs, ws, pad_h=0, pad_w=0, hv=AVX512, stride=1):
     from tvm_ascendfuse.schedule.analysis import has_reduce, match_conv2d
     from tvm_ascendfuse.schedule.common import new_schedule, root_blocks
@@ -94,11 +105,11 @@ def _plan(xs, ws, pad_h=0, pad_w=0, hv=AVX512, stride=1):
 
 def test_plan_only_where_the_row_block_is_poor():
     # 17-wide rows: one vector x 17 columns in the row, 2 x 12 over the plane (AVX-512)
-    assert _plan((1, 192, 17, 17), (192, 192, 7, 1), 3) == (2, 12, False)
-    assert _plan((1, 768, 17, 17), (192, 768, 1, 1)) == (2, 12, False)
-    assert _plan((1, 192, 17, 17), (192, 192, 1, 7), 0, 3) == (2, 12, True)
+    assert _plan((1, 192, 17, 17), (192, 192, 7, 1), 3) == (2, 12, False, None)
+    assert _plan((1, 768, 17, 17), (192, 768, 1, 1)) == (2, 12, False, None)
+    assert _plan((1, 192, 17, 17), (192, 192, 1, 7), 0, 3) == (2, 12, True, None)
     # 96 channels: 2 vectors would leave 3 channel blocks for 2 cores
-    assert _plan((1, 96, 17, 17), (96, 96, 7, 1), 3) == (3, 8, False)
+    assert _plan((1, 96, 17, 17), (96, 96, 7, 1), 3) == (3, 8, False, None)
     # 160: 2 x 12 leaves 5 blocks, 5 x 4 is more vectors than pixels: the row block
     assert _plan((1, 160, 17, 17), (160, 160, 7, 1), 3) is None
     # AVX2 (8 lanes, 16 registers): the row block has a column tail at 17
@@ -109,6 +120,15 @@ def test_plan_only_where_the_row_block_is_poor():
     assert _plan((1, 64, 12, 12), (64, 64, 1, 1)) is None            # 2 x 6, its plane chunks
     assert _plan((1, 64, 56, 56), (64, 64, 1, 1)) is None            # 2 x 8 on large planes
     assert _plan((1, 16, 56, 58), (96, 16, 1, 1)) is None            # the pointwise 1 x 8 recipe, tail or not
+    # AVX2's 14- and 7-wide rows: 1 x 7 in the row (8 loads per 7 FMAs); 3 x 4 does not divide 40 or 64
+    # vectors, so 2 x 6 (12 of 16 registers); on 7x7 planes with many input channels, in chunks of them
+    assert _plan((1, 320, 14, 14), (320, 320, 1, 1), hv=AVX2) == (2, 6, False, None)
+    assert _plan((1, 1024, 14, 14), (256, 1024, 1, 1), hv=AVX2) == (2, 6, False, None)
+    assert _plan((1, 2048, 7, 7), (512, 2048, 1, 1), hv=AVX2) == (2, 6, False, 128)
+    assert _plan((1, 784, 7, 7), (784, 784, 1, 1), hv=AVX2) == (2, 6, False, 112)
+    assert _plan((1, 72, 14, 14), (24 * 8, 72, 1, 1), hv=AVX2) == (3, 4, False, None)
+    # AVX-512 keeps its 2 x 7 row on 7 wide
+    assert _plan((1, 2048, 7, 7), (512, 2048, 1, 1)) is None
     # a kernel along both axes, a strided conv, 11 vectors of channels (one block only): rows
     assert _plan((1, 192, 17, 17), (192, 192, 3, 3), 1, 1) is None
     assert _plan((1, 192, 35, 35), (192, 192, 1, 1), stride=2) is None

@@ -326,6 +326,14 @@ def _channel_chunk(opts: ConvOptions, ic, sch, conv, ow, target, info) -> int | 
     return chunk if chunk < ic else None
 
 
+def _reduction_chunk(ic: int, per_channel: int, budget: int, lo: int, hi: int) -> int | None:
+    """Input channels per chunk of the reduction: the largest multiple of 8 in [lo, hi] that divides IC into
+    at least two chunks whose working set (``per_channel`` bytes a channel) fits ``budget``, else None (144,
+    240, 480, 672 channels take 48, not only powers of two)."""
+    return next((c for c in range(hi - hi % 8, lo - 1, -8)
+                 if ic % c == 0 and 2 * c <= ic and c * per_channel <= budget), None)
+
+
 def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles, target, hv: HostVector):
     """(input channels per chunk, output rows per block) for a small output plane, else None.
 
@@ -364,9 +372,7 @@ def _plane_chunk(opts: ConvOptions, ic, out_dims, sch, conv, info, t: ConvTiles,
         return None
     in_rows = min(d_shape[2], -(-d_shape[2] * fit // oh) + w_shape[2])
     per_channel = (w_shape[2] * w_shape[3] * t.ocb + in_rows * d_shape[3]) * nbytes
-    # the largest multiple of 8 dividing IC (144, 240, 480, 672 channels take 48, not only powers of two)
-    chunk = next((c for c in range(64, 15, -8) if ic % c == 0 and 2 * c <= ic and c * per_channel <= budget),
-                 None)
+    chunk = _reduction_chunk(ic, per_channel, budget, 16, 64)
     if chunk is None:
         return None
     tasks_per_row = -(-oc // t.ocb)
@@ -966,10 +972,17 @@ def _is_plain_copy(sch, block) -> bool:
     return isinstance(body, tirx.BufferStore) and isinstance(strip_cast(body.value), LOAD)
 
 
+# loads per FMA a flat-plane register block takes at most where the registers allow it (_flat_plane_plan)
+FLAT_LOADS_PER_FMA = 0.6
+# input channels per chunk of a flat plane's reduction (_flat_plane_plan): below the minimum, reloading the
+# accumulators once a chunk costs more than the chunk's cache reuse gains
+FLAT_CHUNK_MIN, FLAT_CHUNK_MAX = 64, 128
+
+
 def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dims, ic, hv: HostVector,
-                     target) -> tuple[int, int, bool] | None:
-    """(ocr vectors of output channels, pv pixels, column-major) of a register block over the flattened
-    output plane, else None.
+                     target) -> tuple[int, int, bool, int | None] | None:
+    """(ocr vectors of output channels, pv pixels, column-major, input channels per reduction chunk or None)
+    of a register block over the flattened output plane, else None.
 
     A stride-1 conv whose kernel has one column (1x1, 7x1, 3x1) and whose input is not padded along W reads,
     for output pixel p = y * OW + x, input pixel p + ry * OW of each channel plane: the plane is one axis
@@ -993,7 +1006,20 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
     so does a pointwise conv that takes ``choose_conv_tiles(pointwise=True)``'s one vector x half the
     accumulators (large planes, 56 or 58 wide: a measured recipe, not compared with this one).
     SqueezeNet's 13-wide 1x1 convs (1 x 13) gain: 256->64 0.031 -> 0.025 ms, 512->128 0.108 -> 0.092
-    (one thread)."""
+    (one thread).
+
+    With 16 registers (AVX2: 12 accumulators) no block reaches 0.6 unless 3 divides the channel vectors, so
+    the bound is the least loads per FMA the admissible blocks reach where that is more: 2 x 6 (0.67)
+    rather than the row's 1 x 7 on 14- and 7-wide rows, or 2 x 4 padded from 17 to 20 columns (Inception).
+    Measured on a 2-core Zen 3 (conv + bias + ReLU, own processes, min of 3-4 alternating rounds):
+    1024->256 on 14x14 0.87-1.0 -> 0.58-0.62 ms (ORT 0.61-0.70), 320->320 on 14x14 0.35 -> 0.26 (ORT 0.26),
+    784->784 on 7x7 0.43-0.54 -> 0.39-0.43 (ORT 0.36), 160->160 1x7 on 17x17 0.72 -> 0.58 (ORT 0.63).
+
+    On a 7x7 plane every pixel block streams the whole reduction's weights (IC x ocb) and input lines from
+    L2. The chunk (``_reduction_chunk``: 64..128 channels whose weights and input planes fit a quarter of
+    usable UB) keeps them in L1 across the plane's pixel blocks, the accumulators reloaded once a chunk:
+    2048->512 0.75 -> 0.65 ms (ORT 0.65), 512->2048 0.78 -> 0.64 (ORT 0.65), where unchunked 2 x 6 took
+    0.89 and 0.80. 14x14 planes take no chunk: 32 channels (what fits) measured 8-15% slower than none."""
     oc, oh, ow = out_dims
     if not opts.flat_plane or opts.tiles is not None or None in (oc, oh, ow, ic) or len(pro) > 1:
         return None
@@ -1023,14 +1049,22 @@ def _flat_plane_plan(opts: ConvOptions, sch, conv, info: ConvBlock, pro, out_dim
             return None      # a large plane's measured pointwise block (store-transpose tiles), tail or not
     budget = 3 * hv.registers // 4
     vectors, cores = oc // lanes, max(1, hv.cores)
+    fit = []                 # (ocr, pv) blocks that fit the registers and split over the cores
     for ocr in range(2, vectors + 1):
         pv = min(oh * ow, budget // ocr)
         blocks = vectors // ocr
-        if vectors % ocr or pv < ocr or 5 * (ocr + pv) > 3 * ocr * pv:
-            continue
-        if blocks % cores == 0 or blocks >= 4 * cores:
-            return ocr, pv, columns
-    return None
+        if vectors % ocr == 0 and pv >= ocr and (blocks % cores == 0 or blocks >= 4 * cores):
+            fit.append((ocr, pv))
+    # loads per FMA: at most FLAT_LOADS_PER_FMA, or the least these blocks reach where that is more (12 of 16
+    # registers: 2 x 6 where 3 x 4 does not divide the channels)
+    if not fit:
+        return None
+    bound = max(FLAT_LOADS_PER_FMA, min((a + b) / (a * b) for a, b in fit))
+    ocr, pv = next((a, b) for a, b in fit if (a + b) / (a * b) <= bound + 1e-9)
+    per_channel = (w_shape[2] * w_shape[3] * ocr * lanes + d_shape[2] * d_shape[3]) * target.element_bytes(
+        info.out_dtype)
+    chunk = _reduction_chunk(ic, per_channel, target.ub_usable // 4, FLAT_CHUNK_MIN, FLAT_CHUNK_MAX)
+    return ocr, pv, columns, chunk
 
 
 def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVector, opts: ConvOptions) -> bool:
@@ -1041,7 +1075,7 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
     epilogue on channel vectors (measured 0-2% faster there than in a parallel loop of its own after the
     conv). False when a step does not apply (called on a copy first)."""
     oc, oh, ow = out_dims
-    ocr, pv, columns = plan
+    ocr, pv, columns, chunk = plan
     vl = hv.lanes(info.out_dtype)
     hw = oh * ow
     pads = [b for b in pro if still_exists(sch, b)]
@@ -1099,15 +1133,20 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
         parts = [sch.get_sblock(f"{name}_{var}0"), sch.get_sblock(f"{name}_{var}1")]
     for k, part in enumerate(parts):
         pp, rc, ry, rx, f1, f2 = sch.get_loops(part)[-6:]
+        red = rc
         if k == 0:
             p0, p1 = sch.split(pp, [None, pv])
-            sch.reorder(p0, rc, ry, rx, p1, f1, f2)
+            if chunk is not None:
+                red, rci = sch.split(rc, [None, chunk])
+                sch.reorder(red, p0, rci, ry, rx, p1, f1, f2)
+            else:
+                sch.reorder(p0, rc, ry, rx, p1, f1, f2)
             sch.unroll(p1)
         else:
             sch.reorder(rc, ry, rx, pp, f1, f2)
         sch.vectorize(f2)
         sch.unroll(f1)
-        init = sch.decompose_reduction(part, rc)
+        init = sch.decompose_reduction(part, red)
         il = sch.get_loops(init)
         sch.vectorize(il[-1])
         sch.unroll(il[-2])
@@ -1125,5 +1164,5 @@ def _flat_plane(sch, conv, info: ConvBlock, pro, epi, out_dims, plan, hv: HostVe
     sch.annotate(parts[0], "ascendfuse.schedule",
                  f"{'packed ' if packed else ''}flat plane{' (column-major)' if columns else ''}: "
                  f"{ocr} x {vl} channels x {pv} pixels"
-                 f"{f' + {hw % pv}' if hw % pv else ''}")
+                 f"{f' + {hw % pv}' if hw % pv else ''}{f', {chunk}-channel chunks' if chunk else ''}")
     return True

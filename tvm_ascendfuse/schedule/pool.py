@@ -357,7 +357,10 @@ class PoolRule(ScheduleRule):
         cb, rb = choose_pool_tile(channels, rows, cols, pool, nbytes, target, num_cores(host), lanes)
         cb, rb = self.choose(sch, (cb, rb), lambda: [t for t in pool_tile_candidates(
             (cb, rb), channels, rows, cols, pool, nbytes, target, num_cores(host)) if t[0] % lanes == 0])
-        opts = replace(conv_opts, transpose=False, lane_epilogue=False)
+        # a window needs the conv's rows: not over a flat plane, whose accumulator would reach the pool through
+        # an NCHW copy, read one scalar a tap (a whole plane's mean reads the flat accumulator's channel vectors)
+        opts = replace(conv_opts, transpose=False, lane_epilogue=False,
+                       flat_plane=conv_opts.flat_plane and pool.kernel_rows == pool.rows_in)
 
         def apply(s) -> bool:
             start = self._schedule_conv_part(s, blocks, reductions, target, host, opts)
